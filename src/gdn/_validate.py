@@ -1,0 +1,399 @@
+"""Input checks shared by every op: each problem raises ValueError/TypeError naming the argument,
+what was expected and what came, before any backend sees the call."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+ACTIVATIONS = (None, "silu", "swish")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _shape(t: torch.Tensor) -> list[int]:
+    return list(t.shape)
+
+
+def value_checks_enabled() -> bool:
+    """Checks that read tensor values (cu_seqlens order, pool indices) need a device-to-host copy.
+
+    They are on by default; `GDN_VALUE_CHECKS=0` turns them off, and they are skipped while a CUDA
+    graph is being captured, where a host copy is illegal."""
+    if os.environ.get("GDN_VALUE_CHECKS", "1") == "0":
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+class Checker:
+    """Builds messages of the form `<op>: argument '<name>' expected <what>, got <actual>`."""
+
+    def __init__(self, op: str):
+        self.op = op
+
+    def fail(self, name: str, expected: str, got: object, exc: type[Exception] = ValueError) -> None:
+        raise exc(f"{self.op}: argument '{name}' expected {expected}, got {got}")
+
+    def tensor(self, name: str, t: object, *, optional: bool = False) -> torch.Tensor | None:
+        if t is None and optional:
+            return None
+        if not isinstance(t, torch.Tensor):
+            self.fail(name, "a torch.Tensor", type(t).__name__, TypeError)
+        return t
+
+    def ndim(self, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
+        if t.ndim != ndim:
+            self.fail(name, f"a {ndim}-D tensor {layout}", f"{t.ndim}-D shape {_shape(t)}")
+
+    def shape(self, name: str, t: torch.Tensor, expected: list[int], layout: str) -> None:
+        if _shape(t) != expected:
+            self.fail(name, f"shape {layout} = {expected}", _shape(t))
+
+    def float_dtype(self, name: str, t: torch.Tensor, allowed=COMPUTE_DTYPES) -> None:
+        if t.dtype not in allowed:
+            names = ", ".join(_dtype_name(d) for d in allowed)
+            note = " (fp64 is not supported by the GDN kernels)" if t.dtype == torch.float64 else ""
+            self.fail(name, f"dtype in ({names}){note}", _dtype_name(t.dtype), TypeError)
+
+    def same_dtype(self, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+        if t.dtype != ref.dtype:
+            self.fail(name, f"dtype {_dtype_name(ref.dtype)} (same as '{ref_name}')", _dtype_name(t.dtype), TypeError)
+
+    def index_dtype(self, name: str, t: torch.Tensor) -> None:
+        if t.dtype not in INDEX_DTYPES:
+            self.fail(name, "an integer tensor (int32 or int64)", f"dtype {_dtype_name(t.dtype)}", TypeError)
+
+    def same_device(self, tensors: dict[str, torch.Tensor | None]) -> torch.device:
+        present = [(n, t) for n, t in tensors.items() if t is not None]
+        ref_name, ref = present[0]
+        for name, t in present[1:]:
+            if t.device != ref.device:
+                self.fail(name, f"device {ref.device} (same as '{ref_name}')", f"device {t.device}")
+        return ref.device
+
+    def flag(self, name: str, value: object) -> bool:
+        if not isinstance(value, bool):
+            self.fail(name, "a bool", type(value).__name__, TypeError)
+        return value
+
+    def positive(self, name: str, size: int, what: str) -> None:
+        if size < 1:
+            self.fail(name, f"{what} >= 1", size)
+
+    def scale(self, scale: object, head_dim: int) -> float:
+        if scale is None:
+            return head_dim**-0.5
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            self.fail("scale", "None or a positive float", type(scale).__name__, TypeError)
+        if not math.isfinite(scale) or scale <= 0:
+            self.fail("scale", "None or a positive finite float", scale)
+        return float(scale)
+
+    def activation(self, activation: object) -> None:
+        if activation not in ACTIVATIONS:
+            self.fail("activation", f"one of {list(ACTIVATIONS)}", repr(activation))
+
+    def head_first(self, head_first: object) -> None:
+        if head_first is not False:
+            self.fail(
+                "head_first",
+                "False (the legacy head-first [B, H, T, K] layout was removed; pass [B, T, H, K])",
+                repr(head_first),
+            )
+
+    def offsets(self, name: str, offsets: torch.Tensor, total: int, count_name: str = "T") -> None:
+        """cu_seqlens / query_start_loc: 1-D integer, >= 2 entries, 0 first, `total` last, never decreasing."""
+        self.index_dtype(name, offsets)
+        if offsets.ndim != 1 or offsets.numel() < 2:
+            self.fail(name, "a 1-D tensor [N + 1] with N >= 1 sequences", f"shape {_shape(offsets)}")
+        if not value_checks_enabled():
+            return
+        values = offsets.tolist()
+        if values[0] != 0:
+            self.fail(name, "first entry 0", values[0])
+        if values[-1] != total:
+            self.fail(name, f"last entry {total} (= {count_name}, the number of tokens)", values[-1])
+        for i in range(1, len(values)):
+            if values[i] < values[i - 1]:
+                self.fail(
+                    name, "non-decreasing offsets", f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
+                )
+
+    def slot_indices(self, name: str, indices: torch.Tensor, rows: int, pool_name: str, pool_slots: int) -> None:
+        """Pool slot indices: 1-D integer [rows]; -1 skips a row; live entries in range and unique."""
+        self.index_dtype(name, indices)
+        if indices.ndim != 1 or indices.numel() != rows:
+            self.fail(name, f"a 1-D tensor [{rows}] (one slot per sequence)", f"shape {_shape(indices)}")
+        if not value_checks_enabled():
+            return
+        seen: dict[int, int] = {}
+        for row, slot in enumerate(indices.tolist()):
+            if slot == -1:
+                continue
+            if not 0 <= slot < pool_slots:
+                self.fail(name, f"slots in [0, {pool_slots}) of '{pool_name}' or -1 (skip)", f"{name}[{row}] = {slot}")
+            if slot in seen:
+                self.fail(
+                    name,
+                    "distinct live slots (two rows would write one pool slot)",
+                    f"{name}[{seen[slot]}] = {name}[{row}] = {slot}",
+                )
+            seen[slot] = row
+
+
+@dataclass(frozen=True)
+class GdnShapes:
+    B: int
+    T: int
+    H: int
+    HV: int
+    K: int
+    V: int
+    N: int  # number of sequences: B, or len(cu_seqlens) - 1
+
+
+def check_gdn_inputs(
+    op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+) -> tuple[GdnShapes, float]:
+    """The shared contract of the chunk and recurrent GDN ops (FLA layout)."""
+    c = Checker(op)
+    c.head_first(head_first)
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        c.tensor(name, t)
+    c.tensor("initial_state", initial_state, optional=True)
+    c.tensor("cu_seqlens", cu_seqlens, optional=True)
+    c.flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+
+    c.ndim("q", q, 4, "[B, T, H, K]")
+    B, T, H, K = q.shape
+    c.positive("q", B, "batch size B")
+    c.positive("q", T, "sequence length T")
+    c.positive("q", H, "head count H")
+    c.positive("q", K, "head dim K")
+    c.shape("k", k, [B, T, H, K], "[B, T, H, K] (same as q)")
+    c.ndim("v", v, 4, "[B, T, HV, V]")
+    if list(v.shape[:2]) != [B, T]:
+        c.fail("v", f"shape [B, T, HV, V] with B, T = {B}, {T} (from q)", _shape(v))
+    HV, V = v.shape[2], v.shape[3]
+    c.positive("v", V, "head dim V")
+    if HV < 1 or HV % H != 0:
+        c.fail("v", f"a value head count HV that is a positive multiple of H = {H} (grouped value heads)", f"HV = {HV}")
+    c.shape("g", g, [B, T, HV], "[B, T, HV]")
+    c.shape("beta", beta, [B, T, HV], "[B, T, HV]")
+
+    c.float_dtype("q", q)
+    c.same_dtype("k", k, "q", q)
+    c.same_dtype("v", v, "q", q)
+    c.float_dtype("g", g)
+    c.float_dtype("beta", beta)
+    c.same_device(
+        {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": initial_state, "cu_seqlens": cu_seqlens}
+    )
+
+    N = B
+    if cu_seqlens is not None:
+        if B != 1:
+            c.fail("q", "batch size B = 1 when cu_seqlens is given (sequences are packed along T)", f"B = {B}")
+        c.offsets("cu_seqlens", cu_seqlens, T)
+        N = cu_seqlens.numel() - 1
+    if initial_state is not None:
+        c.float_dtype("initial_state", initial_state)
+        c.shape(
+            "initial_state",
+            initial_state,
+            [N, HV, K, V],
+            "[N, HV, K, V] (N = B, or the number of sequences in cu_seqlens)",
+        )
+    return GdnShapes(B, T, H, HV, K, V, N), c.scale(scale, K)
+
+
+def check_pool_decode_inputs(
+    op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel
+) -> tuple[GdnShapes, float]:
+    c = Checker(op)
+    c.tensor("ssm_pool", ssm_pool)
+    c.tensor("ssm_indices", ssm_indices)
+    shapes, scale = check_gdn_inputs(op, q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, False)
+    c.same_device({"q": q, "ssm_pool": ssm_pool, "ssm_indices": ssm_indices})
+    c.ndim("ssm_pool", ssm_pool, 4, "[max_slots, HV, K, V]")
+    slots = ssm_pool.shape[0]
+    c.positive("ssm_pool", slots, "max_slots")
+    c.shape("ssm_pool", ssm_pool, [slots, shapes.HV, shapes.K, shapes.V], "[max_slots, HV, K, V]")
+    c.float_dtype("ssm_pool", ssm_pool, (torch.float32,))
+    c.slot_indices("ssm_indices", ssm_indices, shapes.N, "ssm_pool", slots)
+    return shapes, scale
+
+
+def check_conv_weight(c: Checker, x, weight, bias, dim: int) -> int:
+    c.tensor("weight", weight)
+    c.tensor("bias", bias, optional=True)
+    c.ndim("weight", weight, 2, "[D, W] (depthwise kernel)")
+    if weight.shape[0] != dim:
+        c.fail("weight", f"shape [D, W] with D = {dim} (channels of x)", _shape(weight))
+    width = weight.shape[1]
+    c.positive("weight", width, "kernel width W")
+    c.float_dtype("weight", weight)
+    if bias is not None:
+        c.shape("bias", bias, [dim], "[D]")
+        c.float_dtype("bias", bias)
+    return width
+
+
+def check_conv_fn_inputs(
+    x,
+    weight,
+    bias,
+    activation,
+    seq_idx,
+    initial_states,
+    return_final_states,
+    query_start_loc,
+    conv_states,
+    cache_indices,
+    has_initial_state,
+) -> None:
+    c = Checker("causal_conv1d_fn")
+    c.tensor("x", x)
+    c.activation(activation)
+    c.flag("return_final_states", return_final_states)
+    for name, t in (
+        ("seq_idx", seq_idx),
+        ("initial_states", initial_states),
+        ("query_start_loc", query_start_loc),
+        ("conv_states", conv_states),
+        ("cache_indices", cache_indices),
+        ("has_initial_state", has_initial_state),
+    ):
+        c.tensor(name, t, optional=True)
+    c.float_dtype("x", x)
+    if query_start_loc is None:
+        for name, t in (
+            ("conv_states", conv_states),
+            ("cache_indices", cache_indices),
+            ("has_initial_state", has_initial_state),
+        ):
+            if t is not None:
+                c.fail(name, "None unless query_start_loc is given (varlen mode)", "a tensor")
+        c.ndim("x", x, 3, "[B, D, T] (channel-first)")
+        B, D, T = x.shape
+        for what, size in (("batch size B", B), ("channels D", D), ("length T", T)):
+            c.positive("x", size, what)
+        width = check_conv_weight(c, x, weight, bias, D)
+        if seq_idx is not None:
+            c.index_dtype("seq_idx", seq_idx)
+            c.shape("seq_idx", seq_idx, [B, T], "[B, T]")
+        if initial_states is not None:
+            c.shape("initial_states", initial_states, [B, D, width - 1], "[B, D, W - 1]")
+            c.float_dtype("initial_states", initial_states)
+        c.same_device({"x": x, "weight": weight, "bias": bias, "seq_idx": seq_idx, "initial_states": initial_states})
+        return
+    for name, t in (("seq_idx", seq_idx), ("initial_states", initial_states)):
+        if t is not None:
+            c.fail(name, "None in varlen mode (use conv_states / has_initial_state)", "a tensor")
+    if return_final_states:
+        c.fail("return_final_states", "False in varlen mode (final states are written to conv_states)", True)
+    c.ndim("x", x, 2, "[D, total_T] (channel-first, sequences packed along T)")
+    D, T = x.shape
+    c.positive("x", D, "channels D")
+    c.positive("x", T, "total length T")
+    width = check_conv_weight(c, x, weight, bias, D)
+    c.offsets("query_start_loc", query_start_loc, T)
+    N = query_start_loc.numel() - 1
+    c.same_device(
+        {
+            "x": x,
+            "weight": weight,
+            "bias": bias,
+            "query_start_loc": query_start_loc,
+            "conv_states": conv_states,
+            "cache_indices": cache_indices,
+            "has_initial_state": has_initial_state,
+        }
+    )
+    if has_initial_state is not None:
+        if has_initial_state.dtype != torch.bool:
+            c.fail("has_initial_state", "a bool tensor", f"dtype {_dtype_name(has_initial_state.dtype)}", TypeError)
+        c.shape("has_initial_state", has_initial_state, [N], "[N] (one flag per sequence)")
+        if conv_states is None:
+            c.fail("conv_states", "a conv-state pool [slots, D, W - 1] when has_initial_state is given", None)
+    if cache_indices is not None and conv_states is None:
+        c.fail("conv_states", "a conv-state pool [slots, D, W - 1] when cache_indices is given", None)
+    if conv_states is not None:
+        c.ndim("conv_states", conv_states, 3, "[slots, D, W - 1]")
+        slots = conv_states.shape[0]
+        c.positive("conv_states", slots, "slots")
+        c.shape("conv_states", conv_states, [slots, D, width - 1], "[slots, D, W - 1]")
+        c.float_dtype("conv_states", conv_states)
+        if cache_indices is None:
+            if slots < N:
+                c.fail("conv_states", f"at least N = {N} slots when cache_indices is None", slots)
+        else:
+            c.slot_indices("cache_indices", cache_indices, N, "conv_states", slots)
+
+
+def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices) -> None:
+    c = Checker("causal_conv1d_update")
+    c.tensor("x", x)
+    c.tensor("conv_state", conv_state)
+    c.tensor("conv_state_indices", conv_state_indices, optional=True)
+    c.activation(activation)
+    if x.ndim not in (2, 3):
+        c.fail("x", "a 2-D tensor [B, D] or 3-D tensor [B, D, L]", f"{x.ndim}-D shape {_shape(x)}")
+    B, D = x.shape[:2]
+    c.positive("x", B, "batch size B")
+    c.positive("x", D, "channels D")
+    if x.ndim == 3:
+        c.positive("x", x.shape[2], "new tokens L")
+    c.float_dtype("x", x)
+    width = check_conv_weight(c, x, weight, bias, D)
+    c.ndim("conv_state", conv_state, 3, "[slots, D, state_len]")
+    slots, state_dim, state_len = conv_state.shape
+    if state_dim != D or state_len < width - 1:
+        c.fail(
+            "conv_state",
+            f"shape [slots, D, state_len] with D = {D} and state_len >= W - 1 = {width - 1}",
+            _shape(conv_state),
+        )
+    c.float_dtype("conv_state", conv_state)
+    c.same_device(
+        {"x": x, "conv_state": conv_state, "weight": weight, "bias": bias, "conv_state_indices": conv_state_indices}
+    )
+    if conv_state_indices is None:
+        if slots != B:
+            c.fail("conv_state", f"{B} rows (batch size B) when conv_state_indices is None", f"{slots} rows")
+    else:
+        c.slot_indices("conv_state_indices", conv_state_indices, B, "conv_state", slots)
+
+
+def check_l2norm_inputs(x, eps) -> None:
+    c = Checker("l2norm")
+    c.tensor("x", x)
+    c.float_dtype("x", x)
+    if x.ndim < 1 or x.shape[-1] < 1:
+        c.fail("x", "a tensor with a last dimension of size >= 1", f"shape {_shape(x)}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+        c.fail("eps", "a positive float", type(eps).__name__, TypeError)
+    if not math.isfinite(eps) or eps <= 0:
+        c.fail("eps", "a positive finite float", eps)
+
+
+def check_gating_inputs(A_log, a, b, dt_bias) -> None:
+    c = Checker("fused_gdn_gating")
+    for name, t in (("A_log", A_log), ("a", a), ("b", b), ("dt_bias", dt_bias)):
+        c.tensor(name, t)
+        c.float_dtype(name, t)
+    c.ndim("A_log", A_log, 1, "[HV]")
+    HV = A_log.shape[0]
+    c.positive("A_log", HV, "head count HV")
+    c.shape("dt_bias", dt_bias, [HV], "[HV]")
+    if a.ndim < 1 or a.shape[-1] != HV:
+        c.fail("a", f"shape [..., HV] with HV = {HV}", _shape(a))
+    c.shape("b", b, _shape(a), "[..., HV] (same as a)")
+    c.same_device({"A_log": A_log, "a": a, "b": b, "dt_bias": dt_bias})

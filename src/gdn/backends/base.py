@@ -1,0 +1,62 @@
+"""What a backend is: a named table of op implementations, the devices it serves, why it may be
+unavailable, and the route string that says which code path actually runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+OpTable = Mapping[str, Callable]
+
+
+def describe_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass(eq=False)
+class Backend:
+    """A backend.
+
+    `ops` is the op table, or `loader` builds it on first use (so importing gdn never imports triton,
+    fla or torch_npu); an exception from the loader makes the backend unavailable with that reason.
+    `check` returns why the backend cannot serve a device type (None when it can). `auto_rank` orders
+    the candidates in `auto` mode per device type (lower first; a device type it lacks is never
+    tried in auto). `route` names the code path per op, e.g. "triton:bundled" or "ascendc:stable-api".
+    """
+
+    name: str
+    ops: OpTable | None = None
+    loader: Callable[[], OpTable] | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda", "npu")
+    check: Callable[[str], str | None] | None = None
+    auto_rank: Mapping[str, int] = field(default_factory=dict)
+    route: Callable[[str], str] | None = None
+    needs_probe: bool = True
+    probe_tolerance: Mapping[str, float] = field(default_factory=dict)
+    _load_error: str | None = field(default=None, init=False, repr=False)
+
+    def _table(self) -> OpTable | None:
+        if self.ops is None and self.loader is not None and self._load_error is None:
+            try:
+                self.ops = self.loader()
+            except Exception as exc:  # a broken wheel must surface as a reason, never as a crash
+                self._load_error = describe_error(exc)
+        return self.ops
+
+    def why_unavailable(self, device_type: str) -> str | None:
+        if device_type not in self.devices:
+            return f"serves devices {list(self.devices)}, not {device_type}"
+        if self.check is not None:
+            reason = self.check(device_type)
+            if reason:
+                return reason
+        if self._table() is None:
+            return self._load_error or "no op table"
+        return None
+
+    def implementation(self, op: str) -> Callable | None:
+        table = self._table()
+        return None if table is None else table.get(op)
+
+    def route_of(self, op: str) -> str:
+        return self.route(op) if self.route is not None else self.name

@@ -1,0 +1,27 @@
+"""The eager backend: every op in plain PyTorch. It is the fallback and the oracle the other
+backends are probed against, so it needs no probe of its own."""
+
+from __future__ import annotations
+
+from gdn.backends.base import Backend
+from gdn.backends.eager.conv import causal_conv1d_fn, causal_conv1d_update
+from gdn.backends.eager.gated_delta import (
+    chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule,
+    fused_recurrent_gated_delta_rule_update,
+)
+from gdn.backends.eager.pointwise import fused_gdn_gating, l2norm
+
+EAGER = Backend(
+    name="eager",
+    ops={
+        "chunk_gated_delta_rule": chunk_gated_delta_rule,
+        "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+        "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
+        "causal_conv1d_fn": causal_conv1d_fn,
+        "causal_conv1d_update": causal_conv1d_update,
+        "l2norm": l2norm,
+        "fused_gdn_gating": fused_gdn_gating,
+    },
+    needs_probe=False,
+)

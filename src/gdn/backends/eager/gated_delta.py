@@ -1,0 +1,191 @@
+"""Gated delta rule in plain PyTorch: the chunked WY form and the token recurrence.
+
+Recurrence (per value head, state S in [K, V]):
+    S_t = exp(g_t) * S_{t-1} + k_t u_t^T,   u_t = beta_t * (v_t - exp(g_t) * S_{t-1}^T k_t),
+    o_t = scale * S_t^T q_t.
+Within a chunk of C tokens, with G_t = cumsum(g) from the chunk start and S_0 the entering state,
+the u_t solve the unit lower-triangular system (I + A) U = beta*V - diag(beta*exp(G)) K S_0 with
+A_ij = beta_i k_i.k_j exp(G_i - G_j) for j < i. So U = u - w S_0 with u = T(beta*V),
+w = T(beta*exp(G)*K), T = (I + A)^-1, and every intra-chunk term is a batched matmul; only the
+chunk-to-chunk state pass is a loop. All arithmetic runs in fp32; autograd gives the backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn._validate import GdnShapes
+from gdn.backends.eager._blocks import BlockPlan, plan_blocks, sequence_lengths
+
+CHUNK = 64
+
+
+def l2norm_fp32(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _prepare(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2norm_in_kernel: bool):
+    """Token-major fp32 tensors [B*T, HV, ...], with q/k normalised, scaled and shared across groups."""
+    if use_qk_l2norm_in_kernel:
+        q, k = l2norm_fp32(q), l2norm_fp32(k)
+    group = shapes.HV // shapes.H
+    tokens = shapes.B * shapes.T
+
+    def per_value_head(x: torch.Tensor) -> torch.Tensor:
+        x = x.float().reshape(tokens, shapes.H, -1)
+        return x.repeat_interleave(group, dim=1) if group > 1 else x
+
+    return (
+        per_value_head(q) * scale,
+        per_value_head(k),
+        v.float().reshape(tokens, shapes.HV, shapes.V),
+        g.float().reshape(tokens, shapes.HV),
+        beta.float().reshape(tokens, shapes.HV),
+    )
+
+
+def _start_state(initial_state, shapes: GdnShapes, plan: BlockPlan, device) -> torch.Tensor:
+    if initial_state is None:
+        return torch.zeros(shapes.N, shapes.HV, shapes.K, shapes.V, dtype=torch.float32, device=device)
+    return initial_state.float().index_select(0, plan.order)
+
+
+def _run_steps(plan: BlockPlan, state: torch.Tensor, step_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Carry the sorted state through every step; step_fn(slice, state_prefix) -> (out, new_prefix)."""
+    outputs = []
+    for offset, count in zip(plan.step_offsets, plan.active, strict=False):
+        out, head = step_fn(slice(offset, offset + count), state[:count])
+        outputs.append(out)
+        state = head if count == state.shape[0] else torch.cat([head, state[count:]])
+    return outputs, state.index_select(0, plan.inverse_order)
+
+
+def chunk_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    initial_state,
+    output_final_state: bool,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel: bool,
+):
+    device = q.device
+    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), CHUNK, device)
+    qf, kf, vf, gf, bf = (
+        plan.to_blocks(x).transpose(1, 2)  # [chunks, HV, C, ...]
+        for x in _prepare(q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel)
+    )
+    g_cum = gf.cumsum(-1)  # padding carries g = 0, so the chunk-end decay is the last real token's
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()
+    # Mask before exp: above the diagonal G_i - G_j is positive and can overflow.
+    decay = (g_cum.unsqueeze(-1) - g_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+
+    system = (kf @ kf.transpose(-1, -2)) * decay * bf.unsqueeze(-1)  # diagonal ignored: unitriangular
+    rhs = torch.cat([vf * bf.unsqueeze(-1), kf * (bf * g_cum.exp()).unsqueeze(-1)], dim=-1)
+    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+    u, w = solved.split([shapes.V, shapes.K], dim=-1)
+
+    attn = (qf @ kf.transpose(-1, -2)) * decay
+    q_decayed = qf * g_cum.exp().unsqueeze(-1)
+    chunk_decay = g_cum[..., -1:]
+    k_to_end = (kf * (chunk_decay - g_cum).exp().unsqueeze(-1)).transpose(-1, -2)
+    state_decay = chunk_decay.exp().unsqueeze(-1)
+
+    def step(sl: slice, s: torch.Tensor):
+        v_new = u[sl] - w[sl] @ s
+        out = q_decayed[sl] @ s + attn[sl] @ v_new
+        return out, s * state_decay[sl] + k_to_end[sl] @ v_new
+
+    outs, final = _run_steps(plan, _start_state(initial_state, shapes, plan, device), step)
+    o = plan.to_tokens(torch.cat(outs).transpose(1, 2))
+    o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
+    return o, (final if output_final_state else None)
+
+
+def fused_recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    initial_state,
+    output_final_state: bool,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel: bool,
+):
+    device = q.device
+    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), 1, device)
+    qf, kf, vf, gf, bf = (
+        plan.to_blocks(x).squeeze(1)  # [steps * sequences, HV, ...]
+        for x in _prepare(q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel)
+    )
+
+    def step(sl: slice, s: torch.Tensor):
+        s = s * gf[sl].exp()[..., None, None]
+        k_t = kf[sl]
+        predicted = torch.einsum("nhk,nhkv->nhv", k_t, s)
+        s = s + k_t.unsqueeze(-1) * ((vf[sl] - predicted) * bf[sl].unsqueeze(-1)).unsqueeze(-2)
+        return torch.einsum("nhk,nhkv->nhv", qf[sl], s), s
+
+    outs, final = _run_steps(plan, _start_state(initial_state, shapes, plan, device), step)
+    o = plan.to_tokens(torch.cat(outs).unsqueeze(1))
+    o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
+    return o, (final if output_final_state else None)
+
+
+def fused_recurrent_gated_delta_rule_update(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    ssm_pool,
+    ssm_indices,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel: bool,
+):
+    """Decode against a state pool: rows with index -1 are skipped (output zeros, pool untouched)."""
+    slots = ssm_indices.tolist()
+    live = [n for n, slot in enumerate(slots) if slot >= 0]
+    o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
+    if not live:
+        return o
+    lengths = sequence_lengths(shapes.B, shapes.T, cu_seqlens)
+    starts = [sum(lengths[:n]) for n in range(len(lengths))]
+    token_idx = torch.tensor(
+        [starts[n] + t for n in live for t in range(lengths[n])], dtype=torch.long, device=q.device
+    )
+    live_lengths = [lengths[n] for n in live]
+    live_slots = torch.tensor([slots[n] for n in live], dtype=torch.long, device=q.device)
+
+    def live_tokens(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(shapes.B * shapes.T, *x.shape[2:]).index_select(0, token_idx).unsqueeze(0)
+
+    total = int(token_idx.numel())
+    sub = GdnShapes(1, total, shapes.H, shapes.HV, shapes.K, shapes.V, len(live))
+    cu = torch.tensor([0, *torch.tensor(live_lengths).cumsum(0).tolist()], device=q.device)
+    out, final = fused_recurrent_gated_delta_rule(
+        *(live_tokens(x) for x in (q, k, v, g, beta)),
+        shapes=sub,
+        scale=scale,
+        initial_state=ssm_pool.index_select(0, live_slots),
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
+    with torch.no_grad():
+        ssm_pool.index_copy_(0, live_slots, final.to(ssm_pool.dtype))
+    flat = o.view(shapes.B * shapes.T, shapes.HV, shapes.V)
+    return flat.index_copy(0, token_idx, out.squeeze(0)).view_as(o)

@@ -1,0 +1,211 @@
+"""The numeric probe: before a non-eager backend serves an op, run it on small fresh random inputs
+and compare it with eager by ||out - ref|| / ||ref||, for every output, every pool it writes and,
+for training ops, every input gradient. NaN, Inf, all-zero output and errors over the tolerance
+reject the backend: this is what catches kernels that are finite but wrong."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gdn.backends.base import describe_error
+from gdn.ops import PREPARE
+
+DEFAULT_TOLERANCE = 5e-3
+
+
+@dataclass
+class ProbeReport:
+    passed: bool
+    reason: str | None
+    seed: int
+    tolerance: float
+    errors: dict[str, float] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        worst = max(self.errors.values(), default=None)
+        return {
+            "passed": self.passed,
+            "reason": self.reason,
+            "seed": self.seed,
+            "tolerance": self.tolerance,
+            "max_rel_err": worst,
+            "rel_err": self.errors,
+        }
+
+
+@dataclass
+class Case:
+    """User-level arguments of one op call; `grad` names the inputs whose gradients are compared."""
+
+    name: str
+    args: dict[str, Any]
+    grad: tuple[str, ...] = ()
+
+
+def _cases(op: str, gen: torch.Generator) -> Iterator[Case]:
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    def gdn_inputs(B, T, H=2, HV=4, K=32, V=32):
+        return dict(
+            q=randn(B, T, H, K),
+            k=randn(B, T, H, K),
+            v=randn(B, T, HV, V),
+            g=-torch.rand(B, T, HV, generator=gen) * 0.5,
+            beta=torch.rand(B, T, HV, generator=gen),
+        )
+
+    if op in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
+        grads = ("q", "k", "v", "g", "beta", "initial_state") if op == "chunk_gated_delta_rule" else ()
+        yield Case(
+            "dense",
+            dict(
+                **gdn_inputs(2, 80),
+                initial_state=randn(2, 4, 32, 32, scale=0.1),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            ),
+            grads,
+        )
+        lens = torch.tensor([0, 17, 17, 90, 130])
+        yield Case(
+            "varlen",
+            dict(
+                **gdn_inputs(1, 130),
+                cu_seqlens=lens,
+                initial_state=randn(4, 4, 32, 32),
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            ),
+            grads,
+        )
+    elif op == "fused_recurrent_gated_delta_rule_update":
+        yield Case(
+            "pool",
+            dict(
+                **gdn_inputs(3, 2),
+                ssm_pool=randn(5, 4, 32, 32, scale=0.1),
+                ssm_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True,
+            ),
+        )
+    elif op == "causal_conv1d_fn":
+        yield Case(
+            "dense",
+            dict(
+                x=randn(2, 64, 37),
+                weight=randn(64, 4),
+                bias=randn(64),
+                activation="silu",
+                initial_states=randn(2, 64, 3),
+            ),
+            ("x", "weight", "bias", "initial_states"),
+        )
+        yield Case(
+            "varlen",
+            dict(
+                x=randn(64, 40),
+                weight=randn(64, 4),
+                bias=randn(64),
+                activation="silu",
+                query_start_loc=torch.tensor([0, 2, 2, 40], dtype=torch.int32),
+                conv_states=randn(4, 64, 3),
+                cache_indices=torch.tensor([2, 0, 1]),
+                has_initial_state=torch.tensor([True, False, True]),
+            ),
+        )
+    elif op == "causal_conv1d_update":
+        yield Case(
+            "pool",
+            dict(
+                x=randn(3, 64),
+                conv_state=randn(4, 64, 4),
+                weight=randn(64, 4),
+                bias=randn(64),
+                activation="silu",
+                conv_state_indices=torch.tensor([1, -1, 3], dtype=torch.int32),
+            ),
+        )
+    elif op == "l2norm":
+        yield Case("rows", dict(x=randn(3, 70, 128)), ("x",))
+    elif op == "fused_gdn_gating":
+        yield Case(
+            "tokens",
+            dict(A_log=randn(8, scale=0.5), a=randn(70, 8), b=randn(70, 8), dt_bias=randn(8, scale=0.5)),
+            ("a", "b", "A_log", "dt_bias"),
+        )
+    else:
+        raise ValueError(f"numeric probe: unknown op {op!r}")
+
+
+def _outputs(result: Any) -> list[torch.Tensor | None]:
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (out.double() - ref.double()).norm().item()
+    scale = ref.double().norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[str, torch.Tensor]:
+    args = {k: (v.to(device).clone() if isinstance(v, torch.Tensor) else v) for k, v in case.args.items()}
+    for name in case.grad:
+        args[name].requires_grad_(True)
+    call = PREPARE[op](**args)
+    outputs = [t for t in _outputs(fn(*call.args, **call.kwargs)) if t is not None]
+    collected = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
+    for name in ("ssm_pool", "conv_states", "conv_state"):
+        if name in args:
+            collected[name] = args[name].detach()
+    if case.grad:
+        gen = torch.Generator().manual_seed(len(case.name))
+        upstream = [torch.randn(t.shape, generator=gen).to(device, t.dtype) for t in outputs]
+        loss = sum((t * u).sum() for t, u in zip(outputs, upstream, strict=False))
+        grads = torch.autograd.grad(loss, [args[n] for n in case.grad], allow_unused=True)
+        for name, grad in zip(case.grad, grads, strict=False):
+            collected[f"d{name}"] = torch.zeros_like(args[name]) if grad is None else grad
+    return collected
+
+
+def probe_op(op: str, fn: Callable, device: torch.device, tolerance: float | None = None) -> ProbeReport:
+    from gdn.resolve import backends
+
+    eager = backends()["eager"].implementation(op)
+    tol = DEFAULT_TOLERANCE if tolerance is None else tolerance
+    seed = int.from_bytes(os.urandom(4), "little")
+    report = ProbeReport(passed=True, reason=None, seed=seed, tolerance=tol)
+    gen = torch.Generator().manual_seed(seed)
+    for case in _cases(op, gen):
+        ref = _collect(op, eager, case, device)
+        try:
+            got = _collect(op, fn, case, device)
+        except Exception as exc:
+            report.passed, report.reason = False, f"{case.name}: raised {describe_error(exc)}"
+            return report
+        for name, expected in ref.items():
+            label = f"{case.name}.{name}"
+            actual = got.get(name)
+            if actual is None or actual.shape != expected.shape:
+                report.passed = False
+                report.reason = f"{label}: expected shape {list(expected.shape)}, got " + (
+                    "nothing" if actual is None else str(list(actual.shape))
+                )
+                return report
+            if not torch.isfinite(actual).all():
+                report.passed, report.reason = False, f"{label}: contains NaN or Inf"
+                return report
+            if expected.abs().amax().item() > 0 and actual.abs().amax().item() == 0:
+                report.passed, report.reason = False, f"{label}: all zeros where eager is not"
+                return report
+            err = _rel_err(actual, expected)
+            report.errors[label] = err
+            if err > tol:
+                report.passed, report.reason = False, f"{label}: rel err {err:.3g} > {tol:.3g}"
+                return report
+    return report

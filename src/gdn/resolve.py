@@ -1,0 +1,200 @@
+"""Which backend serves each op on each device: `gdn_compute_mode`, the backend registry, numeric
+probes, fallback, strict mode, and a record of every decision.
+
+Resolution happens once per (op, device type, mode) per process and is cached; each decision is
+logged once. In `auto` mode the candidates are the registered backends that rank the device type,
+in rank order, eager last. An explicit mode tries that backend, then eager. A non-eager candidate
+must pass its numeric probe against eager before it is chosen. With GDN_STRICT=1 a requested
+backend that cannot serve (or, in auto mode, an available backend that fails its probe) raises
+GdnBackendError with the real cause instead of falling back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gdn.backends.base import Backend
+
+log = logging.getLogger("gdn")
+
+AUTO = "auto"
+EAGER = "eager"
+MODE_ENV = "GDN_COMPUTE_MODE"
+STRICT_ENV = "GDN_STRICT"
+
+
+class GdnBackendError(RuntimeError):
+    """A requested backend could not serve an op and strict mode forbids falling back."""
+
+
+@dataclass
+class Rejection:
+    backend: str
+    route: str | None
+    reason: str
+    probe: dict[str, Any] | None = None
+
+
+@dataclass
+class Resolution:
+    op: str
+    device: str
+    requested_mode: str
+    backend: str
+    route: str
+    strict: bool
+    rejected: list[Rejection] = field(default_factory=list)
+    probe: dict[str, Any] | None = None
+    fn: Callable | None = field(default=None, repr=False)
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "device": self.device,
+            "requested_mode": self.requested_mode,
+            "backend": self.backend,
+            "route": self.route,
+            "strict": self.strict,
+            "probe": self.probe,
+            "rejected": [vars(r) for r in self.rejected],
+        }
+
+
+_lock = threading.RLock()
+_backends: dict[str, Backend] = {}
+_cache: dict[tuple[str, str, str], Resolution] = {}
+_mode_override: str | None = None
+
+
+def register_backend(backend: Backend, *, replace: bool = False) -> None:
+    with _lock:
+        if backend.name in _backends and not replace:
+            raise ValueError(f"register_backend: a backend named '{backend.name}' is already registered")
+        if backend.name == AUTO:
+            raise ValueError(f"register_backend: '{AUTO}' is a mode, not a backend name")
+        _backends[backend.name] = backend
+        _cache.clear()
+
+
+def unregister_backend(name: str) -> None:
+    with _lock:
+        if name == EAGER:
+            raise ValueError("unregister_backend: the eager backend is the fallback and cannot be removed")
+        _backends.pop(name, None)
+        _cache.clear()
+
+
+def backends() -> dict[str, Backend]:
+    with _lock:
+        return dict(_backends)
+
+
+def modes() -> list[str]:
+    return [AUTO, *backends()]
+
+
+def _check_mode(mode: str, source: str) -> str:
+    if mode not in modes():
+        raise ValueError(f"{source}: expected one of {modes()}, got {mode!r}")
+    return mode
+
+
+def set_compute_mode(mode: str | None) -> None:
+    """Set gdn_compute_mode for this process; None returns to GDN_COMPUTE_MODE (default auto)."""
+    global _mode_override
+    with _lock:
+        _mode_override = None if mode is None else _check_mode(mode, "set_compute_mode: argument 'mode'")
+
+
+def compute_mode() -> str:
+    if _mode_override is not None:
+        return _mode_override
+    return _check_mode(os.environ.get(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")
+
+
+def strict() -> bool:
+    return os.environ.get(STRICT_ENV, "0").lower() in ("1", "true", "yes")
+
+
+def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
+    if mode == EAGER:
+        return [_backends[EAGER]]
+    if mode != AUTO:
+        return [_backends[mode], _backends[EAGER]]
+    ranked = [b for b in _backends.values() if device_type in b.auto_rank and b.name != EAGER]
+    ranked.sort(key=lambda b: b.auto_rank[device_type])
+    return [*ranked, _backends[EAGER]]
+
+
+def _decide(op: str, device: torch.device, mode: str) -> Resolution:
+    from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
+
+    device_type = device.type
+    rejected: list[Rejection] = []
+    is_strict = strict()
+    for backend in _candidates(op, device_type, mode):
+        reason = backend.why_unavailable(device_type)
+        fn = None if reason else backend.implementation(op)
+        if reason is None and fn is None:
+            reason = f"does not implement {op}"
+        route = None if reason else backend.route_of(op)
+        probe = None
+        if reason is None and backend.needs_probe:
+            report = probe_op(op, fn, device, backend.probe_tolerance.get(op))
+            probe = report.record()
+            if not report.passed:
+                reason = f"numeric probe failed: {report.reason}"
+        if reason is None:
+            return Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, fn)
+        rejected.append(Rejection(backend.name, route, reason, probe))
+        if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):
+            raise GdnBackendError(
+                f"gdn: {op} on {device_type}: backend '{backend.name}' rejected "
+                f"({reason}) and {STRICT_ENV}=1 forbids falling back"
+            )
+    raise GdnBackendError(
+        f"gdn: {op} on {device_type}: no backend can serve it: "
+        + "; ".join(f"{r.backend}: {r.reason}" for r in rejected)
+    )
+
+
+def _log_decision(res: Resolution) -> None:
+    chosen = f"gdn: {res.op} on {res.device} -> {res.route} (mode={res.requested_mode})"
+    if not res.rejected:
+        log.info(chosen)
+        return
+    why = "; ".join(f"{r.backend} rejected: {r.reason}" for r in res.rejected)
+    wanted_other = res.requested_mode not in (AUTO, res.backend)
+    (log.warning if wanted_other or any(r.probe for r in res.rejected) else log.info)(f"{chosen}; {why}")
+
+
+def resolve(op: str, device: torch.device | str) -> Resolution:
+    device = torch.device(device)
+    mode = compute_mode()
+    key = (op, device.type, mode)
+    with _lock:
+        res = _cache.get(key)
+        if res is None:
+            res = _decide(op, device, mode)
+            _cache[key] = res
+            _log_decision(res)
+        return res
+
+
+def resolutions() -> list[dict[str, Any]]:
+    """Every decision made in this process, as JSON-able records."""
+    with _lock:
+        return [r.record() for r in _cache.values()]
+
+
+def reset() -> None:
+    """Forget cached decisions (the next call of each op resolves, probes and logs again)."""
+    with _lock:
+        _cache.clear()
