@@ -16,7 +16,6 @@ from gdn.resolve import (
     modes,
     register_backend,
     resolutions,
-    resolve,
     set_compute_mode,
     unregister_backend,
 )
@@ -37,7 +36,6 @@ __all__ = [
     "modes",
     "register_backend",
     "resolutions",
-    "resolve",
     "set_compute_mode",
     "unregister_backend",
 ]

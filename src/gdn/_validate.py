@@ -22,6 +22,22 @@ def _shape(t: torch.Tensor) -> list[int]:
     return list(t.shape)
 
 
+def _type_name(value: object) -> str:
+    """`list`, `NoneType`; qualified outside builtins (`numpy.bool`, `torch.Tensor`) so that a numpy bool
+    is not reported as a plain `bool`."""
+    kind = type(value)
+    return kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _fp64_note(dtype: torch.dtype) -> str:
+    return " (fp64 is not supported by the GDN kernels)" if dtype == torch.float64 else ""
+
+
+def _has_values(t: torch.Tensor) -> bool:
+    """Meta tensors carry shapes but no data, so checks that read values cannot run on them."""
+    return t.device.type != "meta"
+
+
 def value_checks_enabled() -> bool:
     """Checks that read tensor values (cu_seqlens order, pool indices) need a device-to-host copy.
 
@@ -45,7 +61,7 @@ class Checker:
         if t is None and optional:
             return None
         if not isinstance(t, torch.Tensor):
-            self.fail(name, "a torch.Tensor", type(t).__name__, TypeError)
+            self.fail(name, "a torch.Tensor", _type_name(t), TypeError)
         return t
 
     def ndim(self, name: str, t: torch.Tensor, ndim: int, layout: str) -> None:
@@ -59,12 +75,12 @@ class Checker:
     def float_dtype(self, name: str, t: torch.Tensor, allowed=COMPUTE_DTYPES) -> None:
         if t.dtype not in allowed:
             names = ", ".join(_dtype_name(d) for d in allowed)
-            note = " (fp64 is not supported by the GDN kernels)" if t.dtype == torch.float64 else ""
-            self.fail(name, f"dtype in ({names}){note}", _dtype_name(t.dtype), TypeError)
+            self.fail(name, f"dtype in ({names}){_fp64_note(t.dtype)}", _dtype_name(t.dtype), TypeError)
 
     def same_dtype(self, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
         if t.dtype != ref.dtype:
-            self.fail(name, f"dtype {_dtype_name(ref.dtype)} (same as '{ref_name}')", _dtype_name(t.dtype), TypeError)
+            expected = f"dtype {_dtype_name(ref.dtype)} (same as '{ref_name}'){_fp64_note(t.dtype)}"
+            self.fail(name, expected, _dtype_name(t.dtype), TypeError)
 
     def index_dtype(self, name: str, t: torch.Tensor) -> None:
         if t.dtype not in INDEX_DTYPES:
@@ -80,24 +96,34 @@ class Checker:
 
     def flag(self, name: str, value: object) -> bool:
         if not isinstance(value, bool):
-            self.fail(name, "a bool", type(value).__name__, TypeError)
+            self.fail(name, "a bool", _type_name(value), TypeError)
         return value
 
     def positive(self, name: str, size: int, what: str) -> None:
         if size < 1:
             self.fail(name, f"{what} >= 1", size)
 
+    def positive_float(self, name: str, value: object, expected: str) -> float:
+        """A real, finite, positive Python number (bool excluded); returned as float."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(name, expected, _type_name(value), TypeError)
+        try:
+            as_float = float(value)
+        except OverflowError:
+            self.fail(name, f"{expected} (finite and > 0)", "an int too large for a float")
+        if not math.isfinite(as_float) or as_float <= 0:
+            self.fail(name, f"{expected} (finite and > 0)", value)
+        return as_float
+
     def scale(self, scale: object, head_dim: int) -> float:
         if scale is None:
             return head_dim**-0.5
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
-            self.fail("scale", "None or a positive float", type(scale).__name__, TypeError)
-        if not math.isfinite(scale) or scale <= 0:
-            self.fail("scale", "None or a positive finite float", scale)
-        return float(scale)
+        return self.positive_float("scale", scale, "None or a positive float")
 
     def activation(self, activation: object) -> None:
-        if activation not in ACTIVATIONS:
+        # Compare strings only: `in` on the tuple would call __eq__ of arbitrary objects (an array's is
+        # elementwise and its truth value raises).
+        if not (activation is None or (isinstance(activation, str) and activation in ACTIVATIONS)):
             self.fail("activation", f"one of {list(ACTIVATIONS)}", repr(activation))
 
     def head_first(self, head_first: object) -> None:
@@ -113,7 +139,7 @@ class Checker:
         self.index_dtype(name, offsets)
         if offsets.ndim != 1 or offsets.numel() < 2:
             self.fail(name, "a 1-D tensor [N + 1] with N >= 1 sequences", f"shape {_shape(offsets)}")
-        if not value_checks_enabled():
+        if not value_checks_enabled() or not _has_values(offsets):
             return
         values = offsets.tolist()
         if values[0] != 0:
@@ -131,7 +157,7 @@ class Checker:
         self.index_dtype(name, indices)
         if indices.ndim != 1 or indices.numel() != rows:
             self.fail(name, f"a 1-D tensor [{rows}] (one slot per sequence)", f"shape {_shape(indices)}")
-        if not value_checks_enabled():
+        if not value_checks_enabled() or not _has_values(indices):
             return
         seen: dict[int, int] = {}
         for row, slot in enumerate(indices.tolist()):
@@ -304,8 +330,6 @@ def check_conv_fn_inputs(
     c.positive("x", D, "channels D")
     c.positive("x", T, "total length T")
     width = check_conv_weight(c, x, weight, bias, D)
-    c.offsets("query_start_loc", query_start_loc, T)
-    N = query_start_loc.numel() - 1
     c.same_device(
         {
             "x": x,
@@ -317,6 +341,8 @@ def check_conv_fn_inputs(
             "has_initial_state": has_initial_state,
         }
     )
+    c.offsets("query_start_loc", query_start_loc, T)  # after the device check: it reads the values
+    N = query_start_loc.numel() - 1
     if has_initial_state is not None:
         if has_initial_state.dtype != torch.bool:
             c.fail("has_initial_state", "a bool tensor", f"dtype {_dtype_name(has_initial_state.dtype)}", TypeError)
@@ -378,10 +404,7 @@ def check_l2norm_inputs(x, eps) -> None:
     c.float_dtype("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
         c.fail("x", "a tensor with a last dimension of size >= 1", f"shape {_shape(x)}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-        c.fail("eps", "a positive float", type(eps).__name__, TypeError)
-    if not math.isfinite(eps) or eps <= 0:
-        c.fail("eps", "a positive finite float", eps)
+    c.positive_float("eps", eps, "a positive float")
 
 
 def check_gating_inputs(A_log, a, b, dt_bias) -> None:

@@ -9,6 +9,7 @@ and total memory stays linear in the number of tokens however uneven the lengths
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,12 +19,13 @@ import torch
 class BlockPlan:
     block: int
     num_tokens: int
-    slot_token: torch.Tensor  # [num_blocks * block] token index per slot; num_tokens marks padding
+    num_slots: int  # num_blocks * block
     token_slot: torch.Tensor  # [num_tokens] slot of each token
     order: torch.Tensor  # [N] sequence at each sorted position
     inverse_order: torch.Tensor  # [N] sorted position of each sequence
     step_offsets: list[int]  # first block of step j; step j spans [step_offsets[j], +active[j])
     active: list[int]  # sequences still running at step j
+    identity: bool  # one sequence, no padding: blocks are a view of the tokens
 
     @property
     def num_steps(self) -> int:
@@ -31,16 +33,24 @@ class BlockPlan:
 
     def to_blocks(self, x: torch.Tensor) -> torch.Tensor:
         """[num_tokens, ...] -> [num_blocks, block, ...], padding slots filled with zeros."""
-        padded = torch.cat([x, x.new_zeros((1, *x.shape[1:]))])
-        blocks = padded.index_select(0, self.slot_token)
-        return blocks.view(-1, self.block, *x.shape[1:])
+        if not self.identity:
+            slots = x.new_zeros((self.num_slots, *x.shape[1:]))
+            x = slots.index_copy(0, self.token_slot, x)
+        return x.view(-1, self.block, *x.shape[1:])
 
     def to_tokens(self, blocks: torch.Tensor) -> torch.Tensor:
         """[num_blocks, block, ...] -> [num_tokens, ...] (the inverse of to_blocks on real tokens)."""
-        return blocks.reshape(-1, *blocks.shape[2:]).index_select(0, self.token_slot)
+        flat = blocks.reshape(-1, *blocks.shape[2:])
+        return flat if self.identity else flat.index_select(0, self.token_slot)
 
 
 def plan_blocks(lengths: list[int], block: int, device: torch.device) -> BlockPlan:
+    return _plan(tuple(lengths), block, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(lengths: tuple[int, ...], block: int, device: torch.device) -> BlockPlan:
+    # Training repeats the same lengths step after step: the plan and its device copies are reused.
     lens = torch.tensor(lengths, dtype=torch.int64)
     starts = torch.cumsum(lens, 0) - lens
     num_tokens = int(lens.sum())
@@ -69,12 +79,13 @@ def plan_blocks(lengths: list[int], block: int, device: torch.device) -> BlockPl
     return BlockPlan(
         block=block,
         num_tokens=num_tokens,
-        slot_token=slot_token.to(device),
+        num_slots=slot_token.numel(),
         token_slot=token_slot.to(device),
         order=order.to(device),
         inverse_order=torch.argsort(order).to(device),
         step_offsets=offsets,
         active=active,
+        identity=len(lengths) == 1 and num_tokens % block == 0,
     )
 
 

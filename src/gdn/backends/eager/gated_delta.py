@@ -16,6 +16,7 @@ import torch
 
 from gdn._validate import GdnShapes
 from gdn.backends.eager._blocks import BlockPlan, plan_blocks, sequence_lengths
+from gdn.backends.eager.state_scan import StateScan
 
 CHUNK = 64
 
@@ -54,11 +55,61 @@ def _start_state(initial_state, shapes: GdnShapes, plan: BlockPlan, device) -> t
 def _run_steps(plan: BlockPlan, state: torch.Tensor, step_fn) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Carry the sorted state through every step; step_fn(slice, state_prefix) -> (out, new_prefix)."""
     outputs = []
-    for offset, count in zip(plan.step_offsets, plan.active, strict=False):
+    for offset, count in zip(plan.step_offsets, plan.active, strict=True):
         out, head = step_fn(slice(offset, offset + count), state[:count])
         outputs.append(out)
         state = head if count == state.shape[0] else torch.cat([head, state[count:]])
     return outputs, state.index_select(0, plan.inverse_order)
+
+
+def _head_major(plan: BlockPlan, x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Token-major [B, T, heads, ...] -> [chunks, heads, CHUNK, ...] fp32, contiguous."""
+    blocks = plan.to_blocks(x.reshape(plan.num_tokens, heads, *x.shape[3:]))
+    return blocks.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+
+
+def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2norm_in_kernel: bool, plan):
+    """Everything that does not depend on the entering state, batched over all chunks.
+
+    q/k stay at H heads; their products are broadcast over the HV // H value heads of each group
+    rather than materialising repeated copies. Returns, per chunk and value head: u and w (so that
+    v_new = u - w S), q_eff and o_intra (so that o = o_intra + q_eff S), the keys decayed to the chunk
+    end (transposed) and the chunk's total decay."""
+    H, HV = shapes.H, shapes.HV
+    G = HV // H
+    qh, kh = _head_major(plan, q, H), _head_major(plan, k, H)
+    if use_qk_l2norm_in_kernel:
+        qh, kh = l2norm_fp32(qh), l2norm_fp32(kh)
+    qh = qh * scale
+    vb = _head_major(plan, v, HV)
+    gb, bb = _head_major(plan, g, HV), _head_major(plan, beta, HV)
+    chunks = qh.shape[0]
+
+    def by_group(x: torch.Tensor) -> torch.Tensor:  # [chunks, HV, ...] -> [chunks, H, G, ...]
+        return x.view(chunks, H, G, *x.shape[2:])
+
+    def per_value_head(x: torch.Tensor) -> torch.Tensor:  # [chunks, H, G, ...] -> [chunks, HV, ...]
+        return x.reshape(chunks, HV, *x.shape[3:])
+
+    def times_keys(x: torch.Tensor, per_row: torch.Tensor) -> torch.Tensor:  # x [chunks, H, C, D]
+        return per_value_head(x.unsqueeze(2) * by_group(per_row.unsqueeze(-1)))
+
+    g_cum = gb.cumsum(-1)  # padding carries g = 0, so the chunk-end decay is the last real token's
+    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
+    # Mask before exp: above the diagonal G_i - G_j is positive and can overflow.
+    decay = (g_cum.unsqueeze(-1) - g_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+
+    kk = (kh @ kh.transpose(-1, -2)).unsqueeze(2)
+    system = per_value_head(kk * by_group(decay * bb.unsqueeze(-1)))  # diagonal ignored: unitriangular
+    u = torch.linalg.solve_triangular(system, vb * bb.unsqueeze(-1), upper=False, unitriangular=True)
+    w = torch.linalg.solve_triangular(system, times_keys(kh, bb * g_cum.exp()), upper=False, unitriangular=True)
+
+    attn = per_value_head((qh @ kh.transpose(-1, -2)).unsqueeze(2) * by_group(decay))
+    q_eff = times_keys(qh, g_cum.exp()) - attn @ w
+    o_intra = attn @ u
+    g_last = g_cum[..., -1:]
+    k_to_end_t = times_keys(kh, (g_last - g_cum).exp()).transpose(-1, -2)
+    return u, w, q_eff, o_intra, k_to_end_t, g_last.exp().unsqueeze(-1)
 
 
 def chunk_gated_delta_rule(
@@ -75,37 +126,19 @@ def chunk_gated_delta_rule(
     cu_seqlens,
     use_qk_l2norm_in_kernel: bool,
 ):
-    device = q.device
-    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), CHUNK, device)
-    qf, kf, vf, gf, bf = (
-        plan.to_blocks(x).transpose(1, 2)  # [chunks, HV, C, ...]
-        for x in _prepare(q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel)
+    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), CHUNK, q.device)
+    u, w, q_eff, o_intra, k_to_end_t, state_decay = _intra_chunk(
+        q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel, plan
     )
-    g_cum = gf.cumsum(-1)  # padding carries g = 0, so the chunk-end decay is the last real token's
-    causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=device).tril()
-    # Mask before exp: above the diagonal G_i - G_j is positive and can overflow.
-    decay = (g_cum.unsqueeze(-1) - g_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
-
-    system = (kf @ kf.transpose(-1, -2)) * decay * bf.unsqueeze(-1)  # diagonal ignored: unitriangular
-    rhs = torch.cat([vf * bf.unsqueeze(-1), kf * (bf * g_cum.exp()).unsqueeze(-1)], dim=-1)
-    solved = torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
-    u, w = solved.split([shapes.V, shapes.K], dim=-1)
-
-    attn = (qf @ kf.transpose(-1, -2)) * decay
-    q_decayed = qf * g_cum.exp().unsqueeze(-1)
-    chunk_decay = g_cum[..., -1:]
-    k_to_end = (kf * (chunk_decay - g_cum).exp().unsqueeze(-1)).transpose(-1, -2)
-    state_decay = chunk_decay.exp().unsqueeze(-1)
-
-    def step(sl: slice, s: torch.Tensor):
-        v_new = u[sl] - w[sl] @ s
-        out = q_decayed[sl] @ s + attn[sl] @ v_new
-        return out, s * state_decay[sl] + k_to_end[sl] @ v_new
-
-    outs, final = _run_steps(plan, _start_state(initial_state, shapes, plan, device), step)
-    o = plan.to_tokens(torch.cat(outs).transpose(1, 2))
+    # Between chunks: S_out = (decay * I - k_end^T w) S_in + k_end^T u.
+    transition = (k_to_end_t @ w).neg_()
+    transition.diagonal(dim1=-2, dim2=-1).add_(state_decay.squeeze(-1))
+    entering, final = StateScan.apply(
+        transition, k_to_end_t @ u, _start_state(initial_state, shapes, plan, q.device), plan
+    )
+    o = plan.to_tokens((o_intra + q_eff @ entering).transpose(1, 2))
     o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
-    return o, (final if output_final_state else None)
+    return o, (final.index_select(0, plan.inverse_order) if output_final_state else None)
 
 
 def fused_recurrent_gated_delta_rule(
@@ -129,12 +162,15 @@ def fused_recurrent_gated_delta_rule(
         for x in _prepare(q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel)
     )
 
+    HV, K, V = shapes.HV, shapes.K, shapes.V
+
     def step(sl: slice, s: torch.Tensor):
-        s = s * gf[sl].exp()[..., None, None]
-        k_t = kf[sl]
-        predicted = torch.einsum("nhk,nhkv->nhv", k_t, s)
-        s = s + k_t.unsqueeze(-1) * ((vf[sl] - predicted) * bf[sl].unsqueeze(-1)).unsqueeze(-2)
-        return torch.einsum("nhk,nhkv->nhv", qf[sl], s), s
+        n = s.shape[0] * HV
+        s = s.reshape(n, K, V) * gf[sl].exp().reshape(n, 1, 1)
+        k_t = kf[sl].reshape(n, 1, K)
+        delta = (vf[sl].reshape(n, 1, V) - k_t @ s) * bf[sl].reshape(n, 1, 1)
+        s = torch.baddbmm(s, k_t.transpose(1, 2), delta)
+        return (qf[sl].reshape(n, 1, K) @ s).view(-1, HV, V), s.view(-1, HV, K, V)
 
     outs, final = _run_steps(plan, _start_state(initial_state, shapes, plan, device), step)
     o = plan.to_tokens(torch.cat(outs).unsqueeze(1))
