@@ -22,28 +22,27 @@ def gdn_recurrence(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=
         q = q / torch.sqrt((q * q).sum(-1, keepdim=True) + 1e-6)
         k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + 1e-6)
     scale = K**-0.5 if scale is None else scale
-    group = HV // H
+    heads = torch.arange(HV) // (HV // H)  # value head -> its query/key head
     if cu_seqlens is None:
         spans = [(b, 0, T) for b in range(B)]
     else:
         bounds = cu_seqlens.tolist()
         spans = [(0, bounds[n], bounds[n + 1]) for n in range(len(bounds) - 1)]
-    o = torch.zeros(B, T, HV, V, dtype=torch.float64, device=q.device)
+    rows: list[list[torch.Tensor]] = [[] for _ in range(B)]
     finals = []
     for n, (b, start, end) in enumerate(spans):
         if initial_state is None:
             S = torch.zeros(HV, K, V, dtype=torch.float64, device=q.device)
         else:
-            S = initial_state[n].double().clone()
+            S = initial_state[n].double()
         for t in range(start, end):
-            for hv in range(HV):
-                h = hv // group
-                S[hv] = S[hv] * torch.exp(g[b, t, hv])
-                u = beta[b, t, hv] * (v[b, t, hv] - S[hv].T @ k[b, t, h])
-                S[hv] = S[hv] + torch.outer(k[b, t, h], u)
-                o[b, t, hv] = scale * (S[hv].T @ q[b, t, h])
+            q_t, k_t = q[b, t, heads], k[b, t, heads]  # [HV, K]
+            S = S * torch.exp(g[b, t])[:, None, None]
+            u = beta[b, t][:, None] * (v[b, t] - torch.einsum("hk,hkv->hv", k_t, S))
+            S = S + torch.einsum("hk,hv->hkv", k_t, u)
+            rows[b].append(scale * torch.einsum("hk,hkv->hv", q_t, S))
         finals.append(S)
-    return o, torch.stack(finals)
+    return torch.stack([torch.stack(r) for r in rows]), torch.stack(finals)
 
 
 def causal_conv(x, weight, bias=None, activation=None, history=None):

@@ -251,7 +251,6 @@ def devices_section(torch_npu: Section) -> Section:
 def gdn_section() -> Section:
     import gdn
 
-    # `gdn.resolve` is the function re-exported by the package, so the module is reached by `from`
     from gdn.resolve import backends, strict
 
     section: Section = {"version": gdn.__version__}
