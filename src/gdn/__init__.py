@@ -1,28 +1,31 @@
-"""gdn: Gated DeltaNet ops with an explicit, probed, observable choice of backend per op."""
+"""gdn: Gated DeltaNet ops with an explicit, probed, observable choice of backend per op.
 
-from gdn.backends.eager import EAGER as _EAGER
-from gdn.ops import (
-    causal_conv1d_fn,
-    causal_conv1d_update,
-    chunk_gated_delta_rule,
-    fused_gdn_gating,
-    fused_recurrent_gated_delta_rule,
-    fused_recurrent_gated_delta_rule_update,
-    l2norm,
-)
-from gdn.resolve import (
-    GdnBackendError,
-    compute_mode,
-    modes,
-    register_backend,
-    resolutions,
-    set_compute_mode,
-    unregister_backend,
-)
+Names are loaded on first use, so `import gdn` (and `python -m gdn.probe`) works even where torch
+itself is broken: the probe must be able to report that."""
 
-register_backend(_EAGER, replace=True)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "causal_conv1d_fn": "gdn.ops",
+    "causal_conv1d_update": "gdn.ops",
+    "chunk_gated_delta_rule": "gdn.ops",
+    "fused_gdn_gating": "gdn.ops",
+    "fused_recurrent_gated_delta_rule": "gdn.ops",
+    "fused_recurrent_gated_delta_rule_update": "gdn.ops",
+    "l2norm": "gdn.ops",
+    "GdnBackendError": "gdn.resolve",
+    "compute_mode": "gdn.resolve",
+    "modes": "gdn.resolve",
+    "register_backend": "gdn.resolve",
+    "resolutions": "gdn.resolve",
+    "set_compute_mode": "gdn.resolve",
+    "unregister_backend": "gdn.resolve",
+}
 __all__ = [
     "GdnBackendError",
     "causal_conv1d_fn",
@@ -39,3 +42,36 @@ __all__ = [
     "set_compute_mode",
     "unregister_backend",
 ]
+
+if TYPE_CHECKING:
+    from gdn.ops import (
+        causal_conv1d_fn,
+        causal_conv1d_update,
+        chunk_gated_delta_rule,
+        fused_gdn_gating,
+        fused_recurrent_gated_delta_rule,
+        fused_recurrent_gated_delta_rule_update,
+        l2norm,
+    )
+    from gdn.resolve import (
+        GdnBackendError,
+        compute_mode,
+        modes,
+        register_backend,
+        resolutions,
+        set_compute_mode,
+        unregister_backend,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gdn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

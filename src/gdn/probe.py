@@ -250,7 +250,6 @@ def devices_section(torch_npu: Section) -> Section:
 
 def gdn_section() -> Section:
     import gdn
-
     from gdn.resolve import backends, strict
 
     section: Section = {"version": gdn.__version__}

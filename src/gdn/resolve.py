@@ -69,11 +69,25 @@ class Resolution:
 
 _lock = threading.RLock()
 _backends: dict[str, Backend] = {}
+_builtins_loaded = False
 _cache: dict[tuple[str, str, str], Resolution] = {}
 _mode_override: str | None = None
 
 
+def _registry() -> dict[str, Backend]:
+    global _builtins_loaded
+    with _lock:
+        if not _builtins_loaded:
+            from gdn.backends import builtin_backends
+
+            _builtins_loaded = True
+            for backend in builtin_backends():
+                _backends.setdefault(backend.name, backend)
+        return _backends
+
+
 def register_backend(backend: Backend, *, replace: bool = False) -> None:
+    _registry()
     with _lock:
         if backend.name in _backends and not replace:
             raise ValueError(f"register_backend: a backend named '{backend.name}' is already registered")
@@ -84,6 +98,7 @@ def register_backend(backend: Backend, *, replace: bool = False) -> None:
 
 
 def unregister_backend(name: str) -> None:
+    _registry()
     with _lock:
         if name == EAGER:
             raise ValueError("unregister_backend: the eager backend is the fallback and cannot be removed")
@@ -92,8 +107,7 @@ def unregister_backend(name: str) -> None:
 
 
 def backends() -> dict[str, Backend]:
-    with _lock:
-        return dict(_backends)
+    return dict(_registry())
 
 
 def modes() -> list[str]:
@@ -124,13 +138,14 @@ def strict() -> bool:
 
 
 def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
+    registry = _registry()
     if mode == EAGER:
-        return [_backends[EAGER]]
+        return [registry[EAGER]]
     if mode != AUTO:
-        return [_backends[mode], _backends[EAGER]]
-    ranked = [b for b in _backends.values() if device_type in b.auto_rank and b.name != EAGER]
+        return [registry[mode], registry[EAGER]]
+    ranked = [b for b in registry.values() if device_type in b.auto_rank and b.name != EAGER]
     ranked.sort(key=lambda b: b.auto_rank[device_type])
-    return [*ranked, _backends[EAGER]]
+    return [*ranked, registry[EAGER]]
 
 
 def _decide(op: str, device: torch.device, mode: str) -> Resolution:

@@ -1,2 +1,15 @@
-"""Built-in backends. Each registers itself with gdn.resolve when gdn is imported; backends that
-need optional packages load them lazily on first resolution."""
+"""The built-in backends, in registration order. Backends that need optional packages (triton, fla,
+torch_npu) load them lazily on first resolution, so listing them imports nothing heavy."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gdn.backends.base import Backend
+
+
+def builtin_backends() -> list[Backend]:
+    from gdn.backends.eager import EAGER
+
+    return [EAGER]

@@ -1,0 +1,36 @@
+"""Shared test setup: tests/ on sys.path for the references, a clean resolver per test, and fresh
+random inputs whose seed is printed so a failure can be replayed (GDN_TEST_SEED=<seed>)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One intra-op thread per xdist worker: the workers already fill the cores, and oversubscribed
+    # threads make the many small ops of the references several times slower.
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_resolution():
+    """Each test starts from the default compute mode and no cached decisions."""
+    import gdn
+    import gdn.resolve
+
+    yield
+    gdn.set_compute_mode(None)
+    gdn.resolve.reset()
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = int(os.environ.get("GDN_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"random seed: GDN_TEST_SEED={seed}")
+    return torch.Generator().manual_seed(seed)

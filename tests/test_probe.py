@@ -1,0 +1,268 @@
+"""The environment probe and the `gdn-matrix probe` command: every section present, missing and broken
+packages reported as findings (never a crash), CANN versions read from a fake tree, fla_npu's API
+generation told apart on stand-in packages."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from gdn import compute_mode, probe
+from gdn.matrix import cli
+from gdn.ops import OP_NAMES
+
+pytestmark = pytest.mark.probe
+
+SECTIONS = {
+    "schema",
+    "generated_at",
+    "hostname",
+    "python",
+    "torch",
+    "triton",
+    "torch_npu",
+    "cann",
+    "fla_npu",
+    "fla",
+    "transformers",
+    "devices",
+    "gdn",
+    "resolution",
+}
+# variables that would change what the probe sees; each test sets the ones it means to
+PROBE_ENV = ("GDN_COMPUTE_MODE", "GDN_STRICT", "GDN_ASCEND_ROOT", "ASCEND_HOME_PATH", "TRITON_INTERPRET")
+
+no_accelerator_stack = pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is not None or torch.cuda.is_available(),
+    reason="asserts the CPU-only machine's findings (no torch_npu, no CUDA)",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in PROBE_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+def run_probe(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+    child_env = {k: v for k, v in os.environ.items() if k not in PROBE_ENV} | env
+    if pythonpath is not None:
+        child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, "-m", "gdn.probe", *args], env=child_env, capture_output=True, text=True, timeout=60
+    )
+
+
+def probe_json(*args: str, pythonpath: Path | None = None, **env: str) -> dict[str, Any]:
+    done = run_probe("--json", *args, pythonpath=pythonpath, **env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def manifest() -> dict[str, Any]:
+    return probe_json()
+
+
+def test_json_has_every_section(manifest: dict[str, Any]) -> None:
+    assert set(manifest) == SECTIONS
+    assert manifest["schema"] == 1
+    assert manifest["python"]["version"] == platform.python_version()
+    assert manifest["torch"]["version"] == torch.__version__
+    assert manifest["gdn"]["compute_mode"] == "auto"
+    assert "eager" in manifest["gdn"]["backends"]
+
+
+@no_accelerator_stack
+def test_missing_torch_npu_and_cuda_are_reported(manifest: dict[str, Any]) -> None:
+    assert manifest["torch_npu"] == {
+        "distribution": None,
+        "import": {"ok": False, "error": "ModuleNotFoundError: No module named 'torch_npu'"},
+    }
+    assert manifest["devices"]["cuda"] == {"available": False, "count": 0, "devices": []}
+    assert manifest["devices"]["npu"] == {"count": 0, "names": []}
+    assert {r["device"] for r in manifest["resolution"]} == {"cpu"}
+
+
+def test_every_op_resolves_to_eager_on_cpu(manifest: dict[str, Any]) -> None:
+    cpu = {r["op"]: r for r in manifest["resolution"] if r["device"] == "cpu"}
+    assert set(cpu) == set(OP_NAMES)
+    for op, record in cpu.items():
+        assert (record["backend"], record["route"], record["requested_mode"]) == ("eager", "eager", "auto"), op
+
+
+def write_cann_tree(root: Path, toolkit: str | None, driver: str | None) -> None:
+    """A stand-in for an Ascend install: only the two version files the probe reads."""
+    if toolkit is not None:
+        info = root / "ascend-toolkit" / "latest" / f"{platform.machine()}-linux" / "ascend_toolkit_install.info"
+        info.parent.mkdir(parents=True)
+        info.write_text(f"package_name=Ascend-cann-toolkit\nversion={toolkit}\narch={platform.machine()}\n")
+    if driver is not None:
+        info = root / "driver" / "version.info"
+        info.parent.mkdir(parents=True)
+        info.write_text(f"Version={driver}\nascendhal_version=7.35.19\n")
+
+
+def test_fake_cann_tree_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_cann_tree(tmp_path, toolkit="8.5.0", driver="25.2.0")
+    monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path))
+    cann = probe.cann_section()
+    assert cann["present"] is True
+    assert cann["root"] == str(tmp_path)
+    assert cann["toolkit"]["version"] == "8.5.0"
+    assert cann["driver"]["version"] == "25.2.0"
+
+
+def test_ascend_home_path_names_the_toolkit_in_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write_cann_tree(tmp_path / "default", toolkit="8.3.RC1", driver=None)
+    write_cann_tree(tmp_path / "sourced", toolkit="9.1.0", driver=None)
+    monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path / "default"))
+    monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path / "sourced" / "ascend-toolkit" / "latest"))
+    assert probe.cann_section()["toolkit"]["version"] == "9.1.0"
+
+
+def test_absent_cann_is_reported_with_the_paths_tried(tmp_path: Path) -> None:
+    manifest = probe_json(GDN_ASCEND_ROOT=str(tmp_path))
+    cann = manifest["cann"]
+    assert cann["present"] is False
+    assert cann["toolkit"]["present"] is False
+    assert str(tmp_path / "ascend-toolkit") in cann["toolkit"]["reason"]
+    assert cann["driver"] == {"present": False, "reason": f"not found: {tmp_path / 'driver' / 'version.info'}"}
+
+
+def test_invalid_env_mode_is_reported_not_raised() -> None:
+    done = run_probe("--json", GDN_COMPUTE_MODE="bogus")
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads(done.stdout)
+    assert manifest["gdn"]["compute_mode"] is None
+    assert manifest["gdn"]["compute_mode_error"].startswith("ValueError: environment variable GDN_COMPUTE_MODE")
+    assert "'bogus'" in manifest["gdn"]["compute_mode_error"]
+    assert len(manifest["resolution"]) >= len(OP_NAMES)
+    assert all("'bogus'" in r["error"] for r in manifest["resolution"])
+
+
+def test_invalid_mode_flag_exits_2() -> None:
+    done = run_probe("--json", "--mode", "bogus")
+    assert done.returncode == 2
+    assert done.stdout == ""
+    assert "'bogus'" in done.stderr
+
+
+def test_mode_flag_resolves_with_that_mode_and_does_not_outlive_the_call(capsys: pytest.CaptureFixture) -> None:
+    assert probe.main(["--json", "--mode", "eager"]) == 0
+    records = json.loads(capsys.readouterr().out)["resolution"]
+    assert {r["requested_mode"] for r in records} == {"eager"}
+    assert compute_mode() == "auto"
+
+
+def test_broken_fla_npu_is_reported(tmp_path: Path) -> None:
+    package = tmp_path / "fla_npu"
+    package.mkdir()
+    # stand-in for fla_npu imported without CANN's set_env.sh: the real one raises from its ctypes load
+    (package / "__init__.py").write_text('raise OSError("set_env.sh not sourced")\n')
+    fla_npu = probe_json(pythonpath=tmp_path)["fla_npu"]
+    assert fla_npu["import"] == {"ok": False, "error": "OSError: set_env.sh not sourced"}
+    assert "api" not in fla_npu
+
+
+def write_stable_fla_npu(root: Path) -> None:
+    """A stand-in for a fla_npu 26.10 wheel without the embedded legacy extension, NOT the real
+    package: the loader exists but fails, and the stable module carries the composite forward."""
+    package = root / "fla_npu"
+    (package / "ops").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        '"""Test stand-in for fla_npu 26.10."""\n'
+        "def load_legacy_torch_ops():\n"
+        '    raise FileNotFoundError("stand-in: no embedded legacy extension")\n'
+        "def is_legacy_torch_ops_loaded():\n"
+        "    return False\n"
+    )
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "ascendc.py").write_text(
+        '"""Test stand-in for fla_npu.ops.ascendc."""\n'
+        "def npu_chunk_gated_delta_rule_fwd(*args, **kwargs):\n"
+        '    raise NotImplementedError("stand-in")\n'
+    )
+    dist_info = root / "flash_linear_attention_npu-26.10.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: flash-linear-attention-npu\nVersion: 26.10.0\n")
+
+
+def test_stable_fla_npu_stand_in_is_generation_26_10(tmp_path: Path) -> None:
+    write_stable_fla_npu(tmp_path)
+    fla_npu = probe_json(pythonpath=tmp_path)["fla_npu"]
+    assert fla_npu["distribution"] == {"name": "flash-linear-attention-npu", "version": "26.10.0"}
+    assert fla_npu["import"]["ok"] is True
+    assert fla_npu["api"] == {
+        "load_legacy_torch_ops": True,
+        "legacy_torch_ops_loaded": False,
+        "stable_module": {"ok": True, "version": None},
+        "composite_fwd": True,
+        "legacy_ops_registered": False,
+        "generation": "26.10-stable",
+    }
+
+
+def test_legacy_fla_npu_stand_in_is_generation_26_6(tmp_path: Path) -> None:
+    package = tmp_path / "fla_npu"
+    package.mkdir()
+    # stand-in for fla_npu 26.6, NOT the real package: it registers a torch.ops.npu op on import, has no
+    # load_legacy_torch_ops, and prints to stdout the way some wheels do while loading
+    (package / "__init__.py").write_text(
+        "import torch\n"
+        'torch.library.define("npu::npu_chunk_gated_delta_rule_fwd_h", "(Tensor x) -> Tensor")\n'
+        'print("stand-in fla_npu loaded")\n'
+    )
+    api = probe_json(pythonpath=tmp_path)["fla_npu"]["api"]
+    assert api["load_legacy_torch_ops"] is False
+    assert api["legacy_ops_registered"] is True
+    assert api["stable_module"]["ok"] is False
+    assert api["generation"] == "26.6-legacy"
+
+
+@pytest.mark.parametrize(
+    ("has_loader", "stable_api", "legacy_registered", "generation"),
+    [
+        (True, True, False, "26.10-stable"),
+        (False, False, True, "26.6-legacy"),
+        (False, True, True, "26.6-legacy"),
+        (True, False, False, "unknown"),
+        (False, True, False, "unknown"),
+    ],
+)
+def test_fla_npu_generation(has_loader: bool, stable_api: bool, legacy_registered: bool, generation: str) -> None:
+    assert probe.fla_npu_generation(has_loader, stable_api, legacy_registered) == generation
+
+
+def test_summary_and_output_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    output = tmp_path / "cell" / "manifest.json"
+    assert probe.main(["--output", str(output)]) == 0
+    summary = capsys.readouterr().out
+    written = json.loads(output.read_text())
+    assert set(written) == SECTIONS
+    assert f"torch         {torch.__version__}" in summary
+    for op in OP_NAMES:
+        assert any(line.split() == [op, "cpu", "->", "eager"] for line in summary.splitlines()), op
+
+
+def test_gdn_matrix_probe_json(capsys: pytest.CaptureFixture) -> None:
+    assert cli.main(["probe", "--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
+    assert set(manifest) == SECTIONS
+    assert {r["op"] for r in manifest["resolution"]} == set(OP_NAMES)
+
+
+def test_gdn_matrix_requires_a_subcommand(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main([])
+    assert exited.value.code == 2
+    assert "COMMAND" in capsys.readouterr().err
