@@ -166,8 +166,14 @@ def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[st
     if case.grad:
         gen = torch.Generator().manual_seed(len(case.name))
         upstream = [torch.randn(t.shape, generator=gen).to(device, t.dtype) for t in outputs]
-        loss = sum((t * u).sum() for t, u in zip(outputs, upstream, strict=False))
-        grads = torch.autograd.grad(loss, [args[n] for n in case.grad], allow_unused=True)
+        loss = sum((t * u).sum() for t, u in zip(outputs, upstream, strict=True))
+        # An output with no autograd graph is a forward-only kernel: its missing gradients show up as
+        # all-zero gradients below, after the outputs themselves have been judged.
+        grads = (
+            torch.autograd.grad(loss, [args[n] for n in case.grad], allow_unused=True)
+            if loss.requires_grad
+            else [None] * len(case.grad)
+        )
         for name, grad in zip(case.grad, grads, strict=False):
             collected[f"d{name}"] = torch.zeros_like(args[name]) if grad is None else grad
     return collected

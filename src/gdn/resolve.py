@@ -129,7 +129,7 @@ def set_compute_mode(mode: str | None) -> None:
 
 def compute_mode() -> str:
     if _mode_override is not None:
-        return _mode_override
+        return _check_mode(_mode_override, "set_compute_mode (the backend it named was unregistered)")
     return _check_mode(os.environ.get(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")
 
 

@@ -1,0 +1,680 @@
+"""Backend resolution: gdn_compute_mode, the registry, numeric probes that reject finite-but-wrong
+backends, fallback to eager, strict mode, caching, log-once and the decision records."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+import gdn
+import gdn.numeric_probe as numeric_probe
+import gdn.resolve as resolver
+from gdn.backends.base import Backend
+from gdn.backends.eager import EAGER
+from gdn.ops import PREPARE
+
+pytestmark = pytest.mark.single_op
+
+OP = "chunk_gated_delta_rule"
+OTHER_OP = "l2norm"
+CPU = torch.device("cpu")
+_eager_chunk = EAGER.ops[OP]
+
+
+# ---------------------------------------------------------------------------------------------------
+# isolation
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """The probe's tensors are tiny: intra-op threads only add OpenMP spin-waits (and, on a busy
+    machine, oversubscription that makes each probe 10-100x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def clean_state(monkeypatch):
+    """Every test starts and ends with: no mode override, no env mode/strict, no cached decisions,
+    and only the backends that were registered before it."""
+    monkeypatch.delenv(resolver.MODE_ENV, raising=False)
+    monkeypatch.delenv(resolver.STRICT_ENV, raising=False)
+    gdn.set_compute_mode(None)
+    resolver.reset()
+    before = set(resolver.backends())
+    yield
+    gdn.set_compute_mode(None)
+    for name in set(resolver.backends()) - before:
+        gdn.unregister_backend(name)
+    resolver.reset()
+
+
+# ---------------------------------------------------------------------------------------------------
+# helpers
+
+
+class Recorder:
+    """Wraps an implementation and counts its calls."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.calls = 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+def _anchor(q):
+    # A real kernel is wrapped in an autograd.Function, so its output is part of the graph even when
+    # it is wrong; a zero-valued term keeps these stand-ins differentiable without changing values.
+    return 0.0 * q.sum()
+
+
+def _zeros(q, k, v, g, beta, **kwargs):
+    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+    a = _anchor(q)
+    return torch.zeros_like(o) + a, None if state is None else torch.zeros_like(state) + a
+
+
+def _scaled(q, k, v, g, beta, **kwargs):
+    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+    return o * 1.01, None if state is None else state * 1.01
+
+
+def _raises(q, k, v, g, beta, **kwargs):
+    raise RuntimeError("kernel exploded: illegal memory access")
+
+
+def _nan(q, k, v, g, beta, **kwargs):
+    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+    return o * float("nan"), None if state is None else state * float("nan")
+
+
+# kind -> (implementation, what the rejection reason must mention)
+WRONG = {
+    "zeros": (_zeros, "all zeros"),
+    "scaled": (_scaled, "rel err"),
+    "raises": (_raises, "raised"),
+    "nan": (_nan, "NaN"),
+}
+# the actual cause of the raising backend must reach the reason and the strict-mode error
+CAUSE = {"raises": "kernel exploded"}
+
+
+def make_inputs(seed=0, B=1, T=20, H=1, HV=2, K=8, V=8):
+    gen = torch.Generator().manual_seed(seed)
+    return dict(
+        q=torch.randn(B, T, H, K, generator=gen),
+        k=torch.randn(B, T, H, K, generator=gen),
+        v=torch.randn(B, T, HV, V, generator=gen),
+        g=-torch.rand(B, T, HV, generator=gen) * 0.5,
+        beta=torch.rand(B, T, HV, generator=gen),
+        initial_state=torch.randn(B, HV, K, V, generator=gen) * 0.1,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def eager_reference(op, inputs):
+    """What eager computes for these user-level arguments, bypassing resolution entirely."""
+    call = PREPARE[op](**inputs)
+    return EAGER.ops[op](*call.args, **call.kwargs)
+
+
+def run_chunk(inputs=None):
+    inputs = make_inputs() if inputs is None else inputs
+    out, state = gdn.chunk_gated_delta_rule(**inputs)
+    ref_out, ref_state = eager_reference(OP, inputs)
+    return (out, state), (ref_out, ref_state)
+
+
+def assert_is_eager_output(got, ref):
+    out, state = got
+    ref_out, ref_state = ref
+    assert torch.isfinite(out).all() and torch.isfinite(state).all()
+    assert out.abs().amax() > 0
+    torch.testing.assert_close(out, ref_out, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(state, ref_state, rtol=1e-6, atol=1e-7)
+
+
+def record_of(op):
+    found = [r for r in gdn.resolutions() if r["op"] == op]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def op_log_records(caplog, op):
+    return [r for r in caplog.records if r.name == "gdn" and r.getMessage().startswith(f"gdn: {op} on ")]
+
+
+def wrong_backend(kind, **extra):
+    impl = Recorder(WRONG[kind][0])
+    return Backend(name="wrong", ops={OP: impl}, **extra), impl
+
+
+def good_backend(**extra):
+    impl = Recorder(_eager_chunk)
+    backend = Backend(name="good", ops={OP: impl}, route=lambda op: "good:route", **extra)
+    return backend, impl
+
+
+# ---------------------------------------------------------------------------------------------------
+# gdn_compute_mode
+
+
+def test_default_mode_is_auto():
+    assert gdn.compute_mode() == "auto"
+    gdn.l2norm(torch.randn(2, 8))
+    assert record_of(OTHER_OP)["requested_mode"] == "auto"
+
+
+def test_empty_env_means_auto(monkeypatch):
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "")
+    assert gdn.compute_mode() == "auto"
+
+
+def test_env_sets_mode(monkeypatch):
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "eager")
+    assert gdn.compute_mode() == "eager"
+    gdn.l2norm(torch.randn(2, 8))
+    rec = record_of(OTHER_OP)
+    assert rec["requested_mode"] == "eager"
+    assert rec["backend"] == "eager"
+
+
+def test_set_compute_mode_overrides_env_and_none_returns_to_env(monkeypatch):
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "good")
+    assert gdn.compute_mode() == "good"
+    gdn.set_compute_mode("eager")
+    assert gdn.compute_mode() == "eager"
+    gdn.set_compute_mode(None)
+    assert gdn.compute_mode() == "good"
+    monkeypatch.delenv("GDN_COMPUTE_MODE")
+    assert gdn.compute_mode() == "auto"
+
+
+def test_set_compute_mode_overrides_an_invalid_env(monkeypatch):
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "nonsense")
+    gdn.set_compute_mode("eager")
+    assert gdn.compute_mode() == "eager"
+
+
+def test_unknown_mode_from_env_raises_naming_source_and_valid_modes(monkeypatch):
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "tpu-magic")
+    with pytest.raises(ValueError) as excinfo:
+        gdn.compute_mode()
+    msg = str(excinfo.value)
+    assert "GDN_COMPUTE_MODE" in msg
+    assert "tpu-magic" in msg
+    assert "'auto'" in msg and "'eager'" in msg
+    # the ops refuse too, rather than silently running something
+    with pytest.raises(ValueError, match="GDN_COMPUTE_MODE"):
+        gdn.l2norm(torch.randn(2, 8))
+    assert gdn.resolutions() == []
+
+
+def test_unknown_mode_from_set_compute_mode_raises_and_keeps_previous_mode():
+    gdn.set_compute_mode("eager")
+    with pytest.raises(ValueError) as excinfo:
+        gdn.set_compute_mode("tpu-magic")
+    msg = str(excinfo.value)
+    assert "set_compute_mode" in msg
+    assert "tpu-magic" in msg
+    assert "'auto'" in msg and "'eager'" in msg
+    assert gdn.compute_mode() == "eager"
+
+
+def test_registered_backend_becomes_a_mode():
+    assert "good" not in gdn.modes()
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    assert gdn.modes()[0] == "auto"
+    assert {"eager", "good"} <= set(gdn.modes())
+    gdn.set_compute_mode("good")
+    assert gdn.compute_mode() == "good"
+
+
+# ---------------------------------------------------------------------------------------------------
+# wrong backends are rejected by the probe and eager runs instead
+
+
+def _check_probe_rejection(rec, requested_mode, kind):
+    assert rec["op"] == OP
+    assert rec["device"] == "cpu"
+    assert rec["requested_mode"] == requested_mode
+    assert rec["backend"] == "eager"
+    assert rec["route"] == "eager"
+    assert rec["strict"] is False
+    assert rec["probe"] is None  # eager is the oracle: it is never probed
+    assert len(rec["rejected"]) == 1, rec["rejected"]
+    rej = rec["rejected"][0]
+    assert rej["backend"] == "wrong"
+    assert rej["route"] == "wrong"
+    assert rej["reason"].startswith("numeric probe failed")
+    assert WRONG[kind][1] in rej["reason"]
+    if kind in CAUSE:
+        assert CAUSE[kind] in rej["reason"]
+    probe = rej["probe"]
+    assert probe["passed"] is False
+    assert isinstance(probe["seed"], int)
+    assert probe["tolerance"] == numeric_probe.DEFAULT_TOLERANCE
+    assert WRONG[kind][1] in probe["reason"]
+    return rej
+
+
+@pytest.mark.parametrize("kind", sorted(WRONG))
+def test_wrong_backend_requested_explicitly_is_rejected_and_eager_runs(kind, caplog):
+    caplog.set_level(logging.INFO, logger="gdn")
+    backend, impl = wrong_backend(kind)
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("wrong")
+
+    got, ref = run_chunk()
+
+    assert_is_eager_output(got, ref)
+    assert impl.calls == 1  # the probe's single (failing) case; the op call itself ran eager
+    _check_probe_rejection(record_of(OP), "wrong", kind)
+    [log_record] = op_log_records(caplog, OP)
+    assert log_record.levelno == logging.WARNING
+    assert "wrong rejected" in log_record.getMessage()
+    assert WRONG[kind][1] in log_record.getMessage()
+
+
+@pytest.mark.parametrize("kind", sorted(WRONG))
+def test_wrong_backend_first_in_auto_is_rejected_and_eager_runs(kind):
+    backend, impl = wrong_backend(kind, auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    assert gdn.compute_mode() == "auto"
+
+    got, ref = run_chunk()
+
+    assert_is_eager_output(got, ref)
+    assert impl.calls == 1
+    _check_probe_rejection(record_of(OP), "auto", kind)
+
+
+def test_scaled_backend_probe_records_the_relative_error():
+    backend, _ = wrong_backend("scaled")
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("wrong")
+    run_chunk()
+    probe = record_of(OP)["rejected"][0]["probe"]
+    assert probe["rel_err"]
+    assert probe["max_rel_err"] == pytest.approx(0.01, rel=1e-3)
+    assert "dense.out0" in probe["rel_err"]
+
+
+def test_probe_tolerance_of_the_backend_is_used():
+    # 1 % off passes when the backend declares a 5 % tolerance for the op
+    backend, _ = wrong_backend("scaled", probe_tolerance={OP: 0.05})
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("wrong")
+    out, _ = gdn.chunk_gated_delta_rule(**make_inputs())
+    ref_out, _ = eager_reference(OP, make_inputs())
+    rec = record_of(OP)
+    assert rec["backend"] == "wrong"
+    assert rec["rejected"] == []
+    assert rec["probe"]["passed"] is True
+    assert rec["probe"]["tolerance"] == 0.05
+    torch.testing.assert_close(out, ref_out * 1.01)
+
+
+def test_wrong_backend_ranked_for_another_device_is_not_tried_on_cpu():
+    backend, impl = wrong_backend("zeros", auto_rank={"cuda": 0})
+    gdn.register_backend(backend)
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    assert impl.calls == 0
+    rec = record_of(OP)
+    assert rec["backend"] == "eager"
+    assert rec["rejected"] == []
+
+
+@pytest.mark.parametrize("kind", ["zeros", "nan"])
+def test_probe_names_a_bad_forward_even_without_autograd_graph(kind):
+    def detached(q, k, v, g, beta, **kwargs):
+        o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+        fill = 0.0 if kind == "zeros" else float("nan")
+        return torch.full_like(o.detach(), fill), torch.full_like(state.detach(), fill)
+
+    report = numeric_probe.probe_op(OP, detached, CPU)
+    assert report.passed is False
+    assert WRONG[kind][1] in report.reason
+
+
+# ---------------------------------------------------------------------------------------------------
+# a correct backend is chosen
+
+
+@pytest.mark.parametrize("mode", ["auto", "good"])
+def test_correct_backend_passes_probe_and_is_chosen(mode):
+    backend, impl = good_backend(auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    gdn.set_compute_mode(mode)
+
+    got, ref = run_chunk()
+
+    assert_is_eager_output(got, ref)
+    rec = record_of(OP)
+    assert rec["requested_mode"] == mode
+    assert rec["device"] == "cpu"
+    assert rec["backend"] == "good"
+    assert rec["route"] == "good:route"
+    assert rec["rejected"] == []
+    assert rec["probe"]["passed"] is True
+    assert rec["probe"]["reason"] is None
+    assert rec["probe"]["max_rel_err"] is not None and rec["probe"]["max_rel_err"] < 1e-6
+    assert isinstance(rec["probe"]["seed"], int)
+    # the probe ran the backend, and then so did the op call
+    assert impl.calls >= 2
+
+
+def test_good_backend_ranked_before_wrong_one_wins_in_auto():
+    good, _ = good_backend(auto_rank={"cpu": 0})
+    wrong, wrong_impl = wrong_backend("zeros", auto_rank={"cpu": 1})
+    gdn.register_backend(wrong)
+    gdn.register_backend(good)
+    run_chunk()
+    assert record_of(OP)["backend"] == "good"
+    assert wrong_impl.calls == 0
+
+
+def test_auto_falls_through_a_wrong_backend_to_a_good_one():
+    wrong, wrong_impl = wrong_backend("scaled", auto_rank={"cpu": 0})
+    good, _ = good_backend(auto_rank={"cpu": 1})
+    gdn.register_backend(good)
+    gdn.register_backend(wrong)
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    rec = record_of(OP)
+    assert rec["backend"] == "good"
+    assert rec["route"] == "good:route"
+    assert [r["backend"] for r in rec["rejected"]] == ["wrong"]
+    assert "rel err" in rec["rejected"][0]["reason"]
+    assert wrong_impl.calls == 1
+
+
+def test_backend_missing_an_op_is_rejected_for_that_op_only():
+    backend, _ = good_backend(auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("good")
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(gdn.l2norm(x), eager_reference(OTHER_OP, dict(x=x)))
+    rec = record_of(OTHER_OP)
+    assert rec["backend"] == "eager"
+    assert rec["rejected"][0]["backend"] == "good"
+    assert f"does not implement {OTHER_OP}" in rec["rejected"][0]["reason"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# strict mode
+
+
+@pytest.mark.parametrize("kind", sorted(WRONG))
+def test_strict_explicit_wrong_backend_raises_with_the_cause(kind, monkeypatch):
+    monkeypatch.setenv("GDN_STRICT", "1")
+    backend, _ = wrong_backend(kind)
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("wrong")
+    with pytest.raises(gdn.GdnBackendError) as excinfo:
+        gdn.chunk_gated_delta_rule(**make_inputs())
+    msg = str(excinfo.value)
+    assert "'wrong'" in msg
+    assert OP in msg
+    assert WRONG[kind][1] in msg
+    if kind in CAUSE:
+        assert CAUSE[kind] in msg
+    assert "GDN_STRICT" in msg
+    assert gdn.resolutions() == []  # a failed decision is not cached
+
+
+def test_strict_auto_available_but_wrong_backend_raises(monkeypatch):
+    monkeypatch.setenv("GDN_STRICT", "1")
+    backend, _ = wrong_backend("scaled", auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    with pytest.raises(gdn.GdnBackendError, match="rel err"):
+        gdn.chunk_gated_delta_rule(**make_inputs())
+
+
+def test_strict_auto_skips_unavailable_backend_without_raising(monkeypatch):
+    monkeypatch.setenv("GDN_STRICT", "1")
+    impl = Recorder(_eager_chunk)
+    gdn.register_backend(Backend(name="gpuonly", ops={OP: impl}, check=lambda dev: "needs a GPU", auto_rank={"cpu": 0}))
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    assert impl.calls == 0
+    rec = record_of(OP)
+    assert rec["strict"] is True
+    assert rec["backend"] == "eager"
+    assert rec["rejected"] == [{"backend": "gpuonly", "route": None, "reason": "needs a GPU", "probe": None}]
+
+
+def test_strict_explicit_unavailable_backend_raises(monkeypatch):
+    monkeypatch.setenv("GDN_STRICT", "1")
+    gdn.register_backend(Backend(name="gpuonly", ops={OP: _eager_chunk}, check=lambda dev: "needs a GPU"))
+    gdn.set_compute_mode("gpuonly")
+    with pytest.raises(gdn.GdnBackendError, match="needs a GPU"):
+        gdn.chunk_gated_delta_rule(**make_inputs())
+
+
+def test_strict_explicit_correct_backend_does_not_raise(monkeypatch):
+    monkeypatch.setenv("GDN_STRICT", "1")
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("good")
+    run_chunk()
+    rec = record_of(OP)
+    assert rec["backend"] == "good"
+    assert rec["strict"] is True
+
+
+def test_non_strict_explicit_unavailable_backend_falls_back():
+    gdn.register_backend(Backend(name="gpuonly", ops={OP: _eager_chunk}, check=lambda dev: "needs a GPU"))
+    gdn.set_compute_mode("gpuonly")
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    rec = record_of(OP)
+    assert rec["backend"] == "eager"
+    assert rec["rejected"][0]["reason"] == "needs a GPU"
+
+
+# ---------------------------------------------------------------------------------------------------
+# unavailable backends
+
+
+@pytest.mark.parametrize("mode", ["auto", "broken"])
+def test_loader_import_error_is_a_rejection_reason_not_a_crash(mode):
+    loads = []
+
+    def loader():
+        loads.append(1)
+        raise ImportError("no module named foo")
+
+    gdn.register_backend(Backend(name="broken", loader=loader, auto_rank={"cpu": 0}))
+    gdn.set_compute_mode(mode)
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    rec = record_of(OP)
+    assert rec["backend"] == "eager"
+    [rej] = rec["rejected"]
+    assert rej["backend"] == "broken"
+    assert "ImportError" in rej["reason"]
+    assert "no module named foo" in rej["reason"]
+    assert rej["probe"] is None
+    # a different op does not retry the failed import
+    gdn.l2norm(torch.randn(2, 8))
+    assert "no module named foo" in record_of(OTHER_OP)["rejected"][0]["reason"]
+    assert len(loads) == 1
+
+
+@pytest.mark.parametrize("mode", ["auto", "cudaonly"])
+def test_backend_not_serving_cpu_is_rejected_naming_devices(mode):
+    impl = Recorder(_eager_chunk)
+    gdn.register_backend(Backend(name="cudaonly", ops={OP: impl}, devices=("cuda",), auto_rank={"cpu": 0}))
+    gdn.set_compute_mode(mode)
+    got, ref = run_chunk()
+    assert_is_eager_output(got, ref)
+    assert impl.calls == 0
+    [rej] = record_of(OP)["rejected"]
+    assert rej["backend"] == "cudaonly"
+    assert "devices" in rej["reason"]
+    assert "cuda" in rej["reason"] and "cpu" in rej["reason"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# caching and log-once
+
+
+def test_wrong_backend_is_probed_and_logged_once_per_decision(caplog):
+    caplog.set_level(logging.INFO, logger="gdn")
+    backend, impl = wrong_backend("zeros", auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    inputs = make_inputs()
+
+    first, _ = gdn.chunk_gated_delta_rule(**inputs)
+    second, _ = gdn.chunk_gated_delta_rule(**inputs)
+
+    assert impl.calls == 1
+    assert torch.equal(first, second)
+    assert len(op_log_records(caplog, OP)) == 1
+    assert len(gdn.resolutions()) == 1
+
+    # a different op is a separate decision, logged separately
+    gdn.l2norm(torch.randn(2, 8))
+    gdn.l2norm(torch.randn(2, 8))
+    assert len(op_log_records(caplog, OTHER_OP)) == 1
+    assert len(op_log_records(caplog, OP)) == 1
+    assert sorted(r["op"] for r in gdn.resolutions()) == sorted([OP, OTHER_OP])
+    assert impl.calls == 1
+
+
+def test_good_backend_probe_runs_once_and_is_logged_once(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="gdn")
+    probes = Recorder(numeric_probe.probe_op)
+    monkeypatch.setattr(numeric_probe, "probe_op", probes)
+    backend, impl = good_backend(auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    inputs = make_inputs()
+
+    gdn.chunk_gated_delta_rule(**inputs)
+    after_first = impl.calls
+    gdn.chunk_gated_delta_rule(**inputs)
+
+    assert probes.calls == 1
+    assert impl.calls == after_first + 1  # the second call only ran the op, no new probe
+    [log_record] = op_log_records(caplog, OP)
+    assert log_record.levelno == logging.INFO
+    assert "good:route" in log_record.getMessage()
+
+    # reset() forgets the decision: the next call probes and logs again
+    resolver.reset()
+    gdn.chunk_gated_delta_rule(**inputs)
+    assert probes.calls == 2
+    assert len(op_log_records(caplog, OP)) == 2
+
+
+def test_changing_mode_is_a_separate_decision(caplog):
+    caplog.set_level(logging.INFO, logger="gdn")
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    run_chunk()
+    gdn.set_compute_mode("good")
+    run_chunk()
+    run_chunk()
+    by_mode = {r["requested_mode"]: r["backend"] for r in gdn.resolutions() if r["op"] == OP}
+    assert by_mode == {"auto": "eager", "good": "good"}
+    assert len(op_log_records(caplog, OP)) == 2
+
+
+def test_registering_a_backend_invalidates_cached_decisions():
+    run_chunk()
+    assert record_of(OP)["backend"] == "eager"
+    backend, _ = good_backend(auto_rank={"cpu": 0})
+    gdn.register_backend(backend)
+    assert gdn.resolutions() == []
+    run_chunk()
+    assert record_of(OP)["backend"] == "good"
+
+
+# ---------------------------------------------------------------------------------------------------
+# records
+
+
+def test_resolutions_are_json_serialisable():
+    wrong, _ = wrong_backend("nan", auto_rank={"cpu": 0})
+    gdn.register_backend(wrong)
+    gdn.register_backend(
+        Backend(name="gpuonly", ops={OP: _eager_chunk}, check=lambda dev: "needs a GPU", auto_rank={"cpu": 1})
+    )
+    run_chunk()
+    gdn.l2norm(torch.randn(2, 8))
+    records = gdn.resolutions()
+    assert len(records) == 2
+    text = json.dumps(records, allow_nan=False)
+    assert json.loads(text) == records
+    rec = record_of(OP)
+    assert [r["backend"] for r in rec["rejected"]] == ["wrong", "gpuonly"]
+    assert {"op", "device", "requested_mode", "backend", "route", "strict", "probe", "rejected"} <= set(rec)
+
+
+# ---------------------------------------------------------------------------------------------------
+# registry
+
+
+def test_register_refuses_duplicate_names_unless_replace():
+    first, _ = good_backend()
+    second, _ = good_backend()
+    gdn.register_backend(first)
+    with pytest.raises(ValueError, match="already registered"):
+        gdn.register_backend(second)
+    assert resolver.backends()["good"] is first
+    gdn.register_backend(second, replace=True)
+    assert resolver.backends()["good"] is second
+
+
+def test_register_refuses_auto():
+    with pytest.raises(ValueError, match="auto"):
+        gdn.register_backend(Backend(name="auto", ops={}))
+    assert "auto" not in resolver.backends()
+
+
+def test_eager_cannot_be_unregistered_or_shadowed_by_accident():
+    with pytest.raises(ValueError, match="eager"):
+        gdn.unregister_backend("eager")
+    assert resolver.backends()["eager"] is EAGER
+    with pytest.raises(ValueError, match="already registered"):
+        gdn.register_backend(Backend(name="eager", ops={}))
+    assert resolver.backends()["eager"] is EAGER
+
+
+def test_unregister_removes_the_mode():
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    assert "good" in gdn.modes()
+    gdn.unregister_backend("good")
+    assert "good" not in gdn.modes()
+    with pytest.raises(ValueError):
+        gdn.set_compute_mode("good")
+
+
+def test_unregistering_the_selected_mode_does_not_leave_a_bare_keyerror():
+    backend, _ = good_backend()
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("good")
+    gdn.unregister_backend("good")
+    x = torch.randn(2, 8)
+    try:
+        out = gdn.l2norm(x)
+    except ValueError as exc:  # acceptable: a clear error naming the stale mode
+        assert "good" in str(exc)
+    else:  # acceptable too: the override was dropped with the backend
+        assert gdn.compute_mode() != "good"
+        torch.testing.assert_close(out, eager_reference(OTHER_OP, dict(x=x)))
