@@ -18,6 +18,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test belongs to exactly one matrix test family; the family travels to the JUnit report as
+    a property so the matrix report can count per family (xdist keeps per-test properties)."""
+    unmarked = []
+    for item in items:
+        families = sorted({m.name for m in item.iter_markers() if m.name in FAMILIES})
+        if len(families) != 1:
+            unmarked.append(f"{item.nodeid}: {families or 'no family marker'}")
+            continue
+        item.user_properties.append(("family", families[0]))
+    if unmarked:
+        raise pytest.UsageError(
+            "tests must carry exactly one family marker " + str(FAMILIES) + ":\n  " + "\n  ".join(unmarked)
+        )
+
+
 @pytest.fixture(autouse=True)
 def _fresh_resolution():
     """Each test starts from the default compute mode and no cached decisions."""

@@ -18,7 +18,7 @@ import torch
 
 from gdn import compute_mode, probe
 from gdn.matrix import cli
-from gdn.ops import OP_NAMES
+from gdn.op_names import OP_NAMES
 
 pytestmark = pytest.mark.probe
 

@@ -14,16 +14,6 @@ import torch
 from gdn import _validate as check
 from gdn.resolve import resolve
 
-OP_NAMES = (
-    "chunk_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule_update",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-    "l2norm",
-    "fused_gdn_gating",
-)
-
 
 @dataclass
 class Call:

@@ -271,7 +271,7 @@ def device_types(torch_npu: Section) -> list[str]:
 
 
 def resolution_section(torch_npu: Section) -> list[Section]:
-    from gdn.ops import OP_NAMES
+    from gdn.op_names import OP_NAMES
     from gdn.resolve import resolve
 
     records = []

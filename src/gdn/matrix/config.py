@@ -1,0 +1,180 @@
+"""matrix.yaml: the cells of the test matrix, as one validated, typed configuration that the rest of
+the matrix (nox sessions, images, cell runner, report, CI workflow) reads.
+
+Every problem is a MatrixConfigError that names the file, the cell and the key: unknown keys,
+duplicate names, missing fields, a docker cell without a Dockerfile, a Dockerfile or wheel that is
+not on disk (checked when the cell's files are needed), an expectation naming an unknown op."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gdn.op_names import OP_NAMES
+
+FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
+DEVICE_KINDS = ("cpu", "cuda", "npu")
+MATRIX_ENV = "GDN_MATRIX"
+WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
+
+Family = Literal["probe", "single_op", "shape_grid", "grpo"]
+
+
+class MatrixConfigError(ValueError):
+    pass
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Versions(_Strict):
+    """The software stack of a cell; each set version becomes a build arg (e.g. TORCH_NPU_VERSION)."""
+
+    python: str | None = None
+    cann: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    torch_npu: str | None = None
+    triton: str | None = None
+    triton_ascend: str | None = None
+    fla_npu: str | None = None
+    fla: str | None = None
+    transformers: str | None = None
+
+    def build_args(self) -> dict[str, str]:
+        return {f"{name.upper()}_VERSION": value for name, value in self.model_dump().items() if value is not None}
+
+
+class Expectation(_Strict):
+    """A resolution the cell must show, e.g. chunk_gated_delta_rule -> ascendc (route optional)."""
+
+    op: str
+    backend: str
+    route: str | None = None
+
+    @field_validator("op")
+    @classmethod
+    def _known_op(cls, op: str) -> str:
+        if op not in OP_NAMES:
+            raise ValueError(f"unknown op {op!r}; expected one of {list(OP_NAMES)}")
+        return op
+
+
+class Cell(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    device: Literal["cpu", "cuda", "npu"]
+    runtime: Literal["docker", "host"]
+    dockerfile: str | None = None
+    base_image: str | None = None
+    versions: Versions = Versions()
+    wheels: tuple[str, ...] = ()
+    runner_labels: tuple[str, ...] = ()
+    families: tuple[Family, ...] = FAMILIES
+    expect: tuple[Expectation, ...] = ()
+    compute_mode: str = "auto"
+    bench: bool = False
+    timeout_s: int = Field(default=3600, gt=0)
+    env: dict[str, str] = {}
+    privileged: bool = False
+
+    @model_validator(mode="after")
+    def _docker_needs_image(self) -> Cell:
+        if self.runtime == "docker":
+            for key in ("dockerfile", "base_image"):
+                if not getattr(self, key):
+                    raise ValueError(f"{key}: required when runtime is docker")
+        if not self.families:
+            raise ValueError("families: at least one test family")
+        return self
+
+    @property
+    def build_args(self) -> dict[str, str]:
+        return {"BASE_IMAGE": self.base_image or "", **self.versions.build_args()}
+
+
+class Matrix(_Strict):
+    schema_version: Literal[1] = Field(alias="schema")
+    wheelhouse: str = "wheelhouse"
+    cells: tuple[Cell, ...]
+
+    @field_validator("cells")
+    @classmethod
+    def _unique_names(cls, cells: tuple[Cell, ...]) -> tuple[Cell, ...]:
+        seen: set[str] = set()
+        for cell in cells:
+            if cell.name in seen:
+                raise ValueError(f"duplicate cell name {cell.name!r}")
+            seen.add(cell.name)
+        return cells
+
+    def cell(self, name: str) -> Cell:
+        for cell in self.cells:
+            if cell.name == name:
+                return cell
+        raise MatrixConfigError(f"no cell named {name!r}; cells: {[c.name for c in self.cells]}")
+
+
+def _where(raw: Any, loc: tuple) -> str:
+    """`cell 'npu-2610': key 'versions.fla_npuu'` from a pydantic error location."""
+    if len(loc) >= 2 and loc[0] == "cells" and isinstance(loc[1], int):
+        cells = raw.get("cells") if isinstance(raw, dict) else None
+        entry = cells[loc[1]] if isinstance(cells, list) and loc[1] < len(cells) else None
+        name = entry.get("name") if isinstance(entry, dict) else None
+        label = f"cell {name!r}" if name else f"cell #{loc[1]}"
+        key = ".".join(str(p) for p in loc[2:]) or "(the cell)"
+        return f"{label}: key {key!r}"
+    return f"key {'.'.join(str(p) for p in loc) or '(top level)'!r}"
+
+
+def _explain(raw: Any, error: dict) -> str:
+    message = {"extra_forbidden": "unknown key", "missing": "missing field"}.get(error["type"], error["msg"])
+    return f"{_where(raw, tuple(error['loc']))}: {message}"
+
+
+def parse_matrix(raw: Any, source: str = "matrix.yaml") -> Matrix:
+    if not isinstance(raw, dict):
+        raise MatrixConfigError(f"{source}: expected a mapping with 'schema' and 'cells', got {type(raw).__name__}")
+    try:
+        return Matrix.model_validate(raw)
+    except ValidationError as exc:
+        lines = [_explain(raw, e) for e in exc.errors()]
+        raise MatrixConfigError(f"{source}: " + "; ".join(lines)) from None
+
+
+def default_matrix_path() -> Path:
+    return Path(os.environ.get(MATRIX_ENV) or "matrix.yaml")
+
+
+def load_matrix(path: str | Path | None = None) -> Matrix:
+    path = Path(path) if path is not None else default_matrix_path()
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise MatrixConfigError(f"{path}: cannot read the matrix: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise MatrixConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_matrix(raw, str(path))
+
+
+def wheelhouse_dir(matrix: Matrix, root: Path) -> Path:
+    return Path(os.environ.get(WHEELHOUSE_ENV) or root / matrix.wheelhouse)
+
+
+def cell_files(matrix: Matrix, cell: Cell, root: Path) -> dict[str, Path]:
+    """The files a cell's image is built from, keyed by where they are named; each must exist."""
+    files: dict[str, Path] = {}
+    if cell.dockerfile:
+        files["dockerfile"] = root / cell.dockerfile
+    house = wheelhouse_dir(matrix, root)
+    for i, wheel in enumerate(cell.wheels):
+        files[f"wheels[{i}]"] = house / wheel
+    for key, path in files.items():
+        if not path.is_file():
+            raise MatrixConfigError(f"cell {cell.name!r}: key {key!r}: file {path} does not exist")
+    return files
