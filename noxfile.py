@@ -1,19 +1,40 @@
-"""nox sessions: `tests` and `lint` for the project itself, and `local`, the embedded default matrix
-cell (host runtime, no docker, no accelerator): probe the environment, run the test families with
-JUnit output, and leave everything under results/local/.
+# /// script
+# dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "rich>=13", "jinja2>=3.1", "junitparser>=3.1",
+#                 "docker>=7"]
+# ///
+"""nox sessions.
 
-CPU environments install torch through constraints/cpu.txt so that no multi-GB CUDA build of torch
-is ever pulled onto a machine without a GPU."""
+- `tests`, `lint`: the project's own checks (what CI runs).
+- one session per matrix.yaml cell, named after it (`nox -s npu-2610`), tagged by device kind and
+  runtime (`nox -t npu`): host cells run in a fresh virtualenv of this checkout; docker cells build
+  their image and run in it. A cell that cannot run here is recorded as not run, with the reason, and
+  the session is skipped. Every cell session refreshes the report under results/report/.
+- `report`: rebuild results/report/ from results/; `diff`: compare two report.json files.
+
+The block above makes nox install what the matrix code needs to read matrix.yaml before it defines
+the sessions. CPU environments install torch through constraints/cpu.txt so that no multi-GB CUDA
+build is ever pulled onto a machine without a GPU.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from gdn.matrix.config import Cell, load_matrix  # noqa: E402 - needs src/ on the path
+
 CPU_CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
+RESULTS = ROOT / "results"
+REPORT = RESULTS / "report"
+MATRIX = load_matrix(ROOT / "matrix.yaml")
+EXIT_NOT_RUN = 3  # gdn.matrix.cli: the cell could not run here
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.default_venv_backend = "venv"
@@ -23,11 +44,15 @@ def install_project(session: nox.Session, extras: str = "test") -> None:
     session.install("-c", CPU_CONSTRAINTS, "-e", f".[{extras}]")
 
 
+def workers() -> str:
+    return os.environ.get("GDN_TEST_WORKERS", "auto")
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The project's test suite on CPU (pytest-xdist across the cores)."""
-    install_project(session)
-    session.run("pytest", "-n", os.environ.get("GDN_TEST_WORKERS", "auto"), *session.posargs)
+    install_project(session, "test,matrix")
+    session.run("pytest", "-n", workers(), *session.posargs)
 
 
 @nox.session
@@ -37,18 +62,71 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
-@nox.session
-def local(session: nox.Session) -> None:
-    """The `local` cell in the current host: probe manifest and resolutions, then the test families."""
-    install_project(session)
-    out = ROOT / "results" / "local"
-    out.mkdir(parents=True, exist_ok=True)
-    session.run("python", "-m", "gdn.probe", "--output", str(out / "manifest.json"))
-    session.run(
-        "pytest",
-        "-n",
-        os.environ.get("GDN_TEST_WORKERS", "auto"),
-        f"--junitxml={out / 'junit.xml'}",
-        *session.posargs,
+def refresh_report(session: nox.Session) -> None:
+    from gdn.matrix.report import build_report, write_report
+
+    paths = write_report(build_report(RESULTS, MATRIX), REPORT)
+    session.log("report: " + ", ".join(str(p.relative_to(ROOT)) for p in paths.values()))
+
+
+def host_cell(cell: Cell):
+    def session_fn(session: nox.Session) -> None:
+        install_project(session, "test,matrix")
+        # The outcome is read back from cell.json, the source of truth, rather than an exit status.
+        session.run(
+            "gdn-matrix",
+            "run",
+            cell.name,
+            "--results",
+            str(RESULTS),
+            "--root",
+            str(ROOT),
+            success_codes=[0, 1, 2, EXIT_NOT_RUN],
+        )
+        finish(session, cell)
+
+    return session_fn
+
+
+def docker_cell(cell: Cell):
+    def session_fn(session: nox.Session) -> None:
+        from gdn.matrix.cell import run_cell
+
+        run_cell(MATRIX, cell, ROOT, RESULTS, echo=session.log)
+        finish(session, cell)
+
+    return session_fn
+
+
+def finish(session: nox.Session, cell: Cell) -> None:
+    refresh_report(session)
+    outcome = json.loads((RESULTS / cell.name / "cell.json").read_text())
+    reason = f": {outcome['reason']}" if outcome.get("reason") else ""
+    if outcome["status"] == "not_run":
+        session.skip(f"cell {cell.name} not run{reason}")
+    if outcome["status"] != "passed":
+        session.error(f"cell {cell.name} {outcome['status']}{reason} (see results/report/report.md)")
+
+
+for _cell in MATRIX.cells:
+    _fn = host_cell(_cell) if _cell.runtime == "host" else docker_cell(_cell)
+    _fn.__doc__ = f"matrix cell ({_cell.device}, {_cell.runtime}): {_cell.description}"
+    nox.session(name=_cell.name, tags=[_cell.device, _cell.runtime], python=None if _cell.runtime == "host" else False)(
+        _fn
     )
-    session.log(f"results in {out}")
+
+
+@nox.session(python=False)
+def report(session: nox.Session) -> None:
+    """Rebuild results/report/ (report.json, report.md, report.html) from results/."""
+    refresh_report(session)
+
+
+@nox.session(python=False)
+def diff(session: nox.Session) -> None:
+    """Compare two report.json files: `nox -s diff -- OLD NEW [--threshold 0.1] [--no-fail]`."""
+    from gdn.matrix.diff import main as diff_main
+
+    code = diff_main(session.posargs)
+    if code:
+        session.error(f"gdn-matrix diff exited with {code}")

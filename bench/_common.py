@@ -69,6 +69,24 @@ def write_results(name: str, payload: dict) -> Path:
     return path
 
 
+def write_matrix_rows(path: Path, op: str, payload: dict) -> None:
+    """bench.json of a matrix cell: one row per (impl, shape, pass) with its median time."""
+    rows = [
+        {
+            "op": op,
+            "impl": r["impl"],
+            "shape": r["shape"],
+            "pass": name,
+            "ms": r[f"{name}_ms"],
+            "peak_gib": r.get(f"{name}_peak_gib"),
+        }
+        for r in payload["rows"]
+        for name in ("fwd", "fwd_bwd")
+        if f"{name}_ms" in r
+    ]
+    path.write_text(json.dumps({"environment": payload["environment"], "rows": rows}, indent=2))
+
+
 def print_table(rows: list[dict], columns: list[str]) -> None:
     widths = [max(len(c), *(len(f"{r.get(c, '')}") for r in rows)) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))

@@ -2,18 +2,19 @@
 
 Times forward and forward+backward (median of triton.testing.do_bench) and the peak memory each
 allocates, at (B, T, H, HV, K=V) = (1, 8192, 16, 32, 128), bf16, q/k l2norm in the op.
-Usage: PYTHONPATH=src:. python -m bench.eager [--profile]
+Usage: PYTHONPATH=src:. python -m bench.eager [--profile] [--matrix-out FILE]
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
+from pathlib import Path
 
 import torch
 
 import gdn
-from bench._common import environment, median_ms, peak_gib, print_table, write_results
+from bench._common import environment, median_ms, peak_gib, print_table, write_matrix_rows, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128)]
 
@@ -101,9 +102,12 @@ def main() -> None:
     env = environment()
     print_table(rows, ["shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_peak_gib", "fwd_bwd_peak_gib"])
     print(f"forward agreement ||ours - transformers|| / ||transformers|| = {agreement:.2e}")
-    path = write_results(
-        "eager", {"environment": env, "dtype": "bfloat16", "use_qk_l2norm_in_kernel": True, "rows": rows}
-    )
+    payload = {"environment": env, "dtype": "bfloat16", "use_qk_l2norm_in_kernel": True, "rows": rows}
+    if "--matrix-out" in sys.argv:
+        # Inside a matrix cell the source is read-only: the rows go to the cell's results instead.
+        write_matrix_rows(Path(sys.argv[sys.argv.index("--matrix-out") + 1]), "chunk_gated_delta_rule", payload)
+        return
+    path = write_results("eager", payload)
     print(f"{env['card']}  torch {env['versions']['torch']}  written {path}")
 
 

@@ -1,13 +1,42 @@
 """`gdn-matrix`: the matrix's command line. Each subcommand registers its flags and a handler taking
-the parsed arguments, so adding one (run, report, diff, pull) touches only build_parser()."""
+the parsed arguments, so adding one touches only build_parser()."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gdn import probe
+
+# Exit status of `run` for a cell that could not run here (no device, no engine): distinct from a
+# failure so that nox can record it as skipped.
+EXIT_NOT_RUN = 3
+
+
+def _run_cell(args: argparse.Namespace) -> int:
+    from gdn.matrix.cell import run_cell
+    from gdn.matrix.config import MatrixConfigError, load_matrix
+
+    try:
+        matrix = load_matrix(args.matrix)
+        cell = matrix.cell(args.cell)
+    except MatrixConfigError as exc:
+        print(f"gdn-matrix run: {exc}", file=sys.stderr)
+        return 2
+    outcome = run_cell(matrix, cell, args.root.resolve(), args.results.resolve())
+    print(f"cell {cell.name}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
+    return {"passed": 0, "not_run": EXIT_NOT_RUN, "failed": 1}.get(outcome.status, 2)
+
+
+def _add_run(commands) -> None:
+    parser = commands.add_parser("run", help="run one matrix cell and write results/<cell>/")
+    parser.add_argument("cell", help="cell name from matrix.yaml")
+    parser.add_argument("--matrix", type=Path, default=None, help="matrix file (default: $GDN_MATRIX or matrix.yaml)")
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    parser.add_argument("--root", type=Path, default=Path("."), help="the source checkout (default: .)")
+    parser.set_defaults(handler=_run_cell)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     probe.add_arguments(probe_parser)
     probe_parser.set_defaults(handler=probe.run)
+    _add_run(commands)
     return parser
 
 

@@ -1,0 +1,97 @@
+"""What runs inside a cell (a container, or the host for host-runtime cells): the probe, then the
+cell's test families under pytest with JUnit output, then the optional benchmark. Everything goes to
+the output directory (see gdn.matrix.results); the exit status says how it went:
+0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
+
+    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from gdn.matrix.results import FAMILY_MARKERS, write_json
+
+SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
+PYTEST_NO_TESTS = 5
+
+
+def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict:
+    print(f"== {name}: {' '.join(command)}", flush=True)
+    started = time.monotonic()
+    code = subprocess.call(command, cwd=cwd, env=env)
+    return {"step": name, "exit_code": code, "duration_s": round(time.monotonic() - started, 2)}
+
+
+def _pytest_command(args: argparse.Namespace) -> list[str]:
+    command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
+    command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
+    if importlib.util.find_spec("xdist") is not None:
+        command += ["-n", os.environ.get("GDN_TEST_WORKERS", "auto")]
+    return command
+
+
+def run(args: argparse.Namespace) -> int:
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1"}
+    # The source may be mounted read-only: run from a scratch directory (hypothesis keeps its
+    # database in the working directory).
+    scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gdn-cell-{args.cell}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    steps = [
+        _step("probe", [sys.executable, "-m", "gdn.probe", "--output", str(args.out / "manifest.json")], scratch, env)
+    ]
+    manifest_path = args.out / "manifest.json"
+    if manifest_path.exists():
+        write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
+    steps.append(_step("pytest", _pytest_command(args), scratch, env))
+    if args.bench:
+        bench_cmd = [sys.executable, "-m", "bench.eager", "--matrix-out", str(args.out / "bench.json")]
+        steps.append(
+            _step(
+                "bench",
+                bench_cmd,
+                SOURCE_ROOT,
+                {**env, "PYTHONPATH": os.pathsep.join([str(SOURCE_ROOT), env.get("PYTHONPATH", "")])},
+            )
+        )
+    write_json(args.out / "entry.json", {"cell": args.cell, "families": args.families, "steps": steps})
+    codes = {s["step"]: s["exit_code"] for s in steps}
+    if codes["probe"] != 0 or codes["pytest"] not in (0, 1) or codes.get("bench", 0) != 0:
+        return 2
+    return codes["pytest"]
+
+
+def _families(text: str) -> list[str]:
+    families = [f for f in text.split(",") if f]
+    unknown = sorted(set(families) - set(FAMILY_MARKERS))
+    if unknown or not families:
+        raise argparse.ArgumentTypeError(f"expected families from {list(FAMILY_MARKERS)}, got {text!r}")
+    return families
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m gdn.matrix.entry", description=__doc__.splitlines()[0])
+    parser.add_argument("--cell", required=True)
+    parser.add_argument("--out", type=Path, required=True, help="the cell's results directory")
+    parser.add_argument("--families", type=_families, default=list(FAMILY_MARKERS))
+    parser.add_argument("--mode", default="auto", help="gdn compute mode for the probe and the tests")
+    parser.add_argument("--bench", action="store_true", help="also run the benchmarks (GPU cells)")
+    parser.add_argument("--tests", type=Path, default=SOURCE_ROOT / "tests")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""Running cells: each outcome (passed, failed, crashed, timed out, not runnable here) leaves a
+results/<cell>/ that says so, and never disturbs another cell's results.
+
+The host runtime runs the real cell entry (probe, then pytest with JUnit output) against a scratch
+source tree whose tests/ holds the behaviour each case needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gdn.matrix.cell import run_cell
+from gdn.matrix.config import parse_matrix
+
+pytestmark = pytest.mark.probe
+
+TESTS = {
+    "ok": "import pytest\n\n@pytest.mark.probe\ndef test_fine():\n    assert 1 + 1 == 2\n",
+    "fails": "import pytest\n\n@pytest.mark.probe\ndef test_broken():\n    assert 1 + 1 == 3, 'arithmetic'\n",
+    "hangs": "import time\nimport pytest\n\n@pytest.mark.probe\ndef test_slow():\n    time.sleep(120)\n",
+}
+
+
+def source_tree(tmp_path: Path, kind: str) -> Path:
+    root = tmp_path / f"src-{kind}"
+    (root / "tests").mkdir(parents=True, exist_ok=True)
+    if kind == "crashes":
+        (root / "tests" / "conftest.py").write_text("raise RuntimeError('conftest cannot load')\n")
+        (root / "tests" / "test_x.py").write_text(TESTS["ok"])
+    else:
+        (root / "tests" / "test_x.py").write_text(TESTS[kind])
+    return root
+
+
+def matrix_of(*cells: dict):
+    return parse_matrix({"schema": 1, "cells": list(cells)})
+
+
+def host_cell(name: str, **extra) -> dict:
+    return {"name": name, "device": "cpu", "runtime": "host", "families": ["probe"], **extra}
+
+
+def outcome(results: Path, name: str) -> dict:
+    return json.loads((results / name / "cell.json").read_text())
+
+
+def run(tmp_path: Path, kind: str, cell: dict, results: Path) -> dict:
+    matrix = matrix_of(cell)
+    run_cell(matrix, matrix.cells[0], source_tree(tmp_path, kind), results, echo=lambda line: None)
+    return outcome(results, cell["name"])
+
+
+def test_passing_host_cell_writes_every_result(tmp_path):
+    results = tmp_path / "results"
+    got = run(tmp_path, "ok", host_cell("good"), results)
+    assert got["status"] == "passed" and got["exit_code"] == 0 and got["real_hardware"] is True
+    files = {p.name for p in (results / "good").iterdir()}
+    assert {"cell.json", "manifest.json", "resolution.json", "junit.xml", "log.txt", "entry.json"} <= files
+    manifest = json.loads((results / "good" / "manifest.json").read_text())
+    assert manifest["resolution"] == json.loads((results / "good" / "resolution.json").read_text())
+    assert 'name="test_fine"' in (results / "good" / "junit.xml").read_text()
+
+
+def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path):
+    results = tmp_path / "results"
+    run(tmp_path, "ok", host_cell("good"), results)
+    before = {p.name: p.read_bytes() for p in (results / "good").iterdir()}
+
+    failed = run(tmp_path, "fails", host_cell("failing"), results)
+    assert failed["status"] == "failed" and failed["exit_code"] == 1
+    assert "arithmetic" in failed["log_tail"]
+
+    crashed = run(tmp_path, "crashes", host_cell("crashing"), results)
+    assert crashed["status"] == "error" and "exited with status 2" in crashed["reason"]
+    assert "conftest cannot load" in (results / "crashing" / "log.txt").read_text()
+
+    hung = run(tmp_path, "hangs", host_cell("hanging", timeout_s=12), results)
+    assert hung["status"] == "timeout" and "timeout_s=12" in hung["reason"]
+    assert hung["duration_s"] < 60 and hung["log_tail"]
+
+    assert {p.name: p.read_bytes() for p in (results / "good").iterdir()} == before
+    assert not [p for p in results.iterdir() if p.name.startswith(".")], "no staging directory left behind"
+
+
+def test_rerun_replaces_only_that_cell(tmp_path):
+    results = tmp_path / "results"
+    run(tmp_path, "ok", host_cell("first"), results)
+    run(tmp_path, "fails", host_cell("second"), results)
+    first = (results / "first" / "cell.json").read_bytes()
+    assert run(tmp_path, "ok", host_cell("second"), results)["status"] == "passed"
+    assert (results / "first" / "cell.json").read_bytes() == first
+
+
+def test_npu_cell_without_an_npu_is_not_run_with_the_reason(tmp_path):
+    cell = {
+        "name": "npu-x",
+        "device": "npu",
+        "runtime": "docker",
+        "dockerfile": "docker/npu.Dockerfile",
+        "base_image": "cann:test",
+    }
+    matrix = matrix_of(cell)
+    got = run_cell(
+        matrix,
+        matrix.cells[0],
+        tmp_path,
+        tmp_path / "results",
+        echo=lambda line: None,
+        host_root=tmp_path / "empty-host",
+    )
+    assert got.status == "not_run" and "no Ascend NPU" in got.reason and got.real_hardware is False
+    assert outcome(tmp_path / "results", "npu-x")["reason"] == got.reason
+
+
+def test_docker_cell_without_an_engine_points_to_the_host_cell(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-such.sock")
+    cell = {
+        "name": "cpu-x",
+        "device": "cpu",
+        "runtime": "docker",
+        "dockerfile": "docker/cpu.Dockerfile",
+        "base_image": "base:test",
+    }
+    matrix = matrix_of(cell)
+    got = run_cell(matrix, matrix.cells[0], tmp_path, tmp_path / "results", echo=lambda line: None)
+    assert got.status == "not_run" and "nox -s local" in got.reason
