@@ -35,7 +35,7 @@ def _add_run(commands) -> None:
     parser.add_argument("cell", help="cell name from matrix.yaml")
     parser.add_argument("--matrix", type=Path, default=None, help="matrix file (default: $GDN_MATRIX or matrix.yaml)")
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
-    parser.add_argument("--root", type=Path, default=Path("."), help="the source checkout (default: .)")
+    parser.add_argument("--root", type=Path, default=Path(), help="the source checkout (default: .)")
     parser.set_defaults(handler=_run_cell)
 
 
