@@ -209,7 +209,7 @@ def check_gdn_inputs(
         c.fail("v", f"shape [B, T, HV, V] with B, T = {B}, {T} (from q)", _shape(v))
     HV, V = v.shape[2], v.shape[3]
     c.positive("v", V, "head dim V")
-    if HV < 1:
+    if HV < 1 or HV % H != 0:
         c.fail("v", f"a value head count HV that is a positive multiple of H = {H} (grouped value heads)", f"HV = {HV}")
     c.shape("g", g, [B, T, HV], "[B, T, HV]")
     c.shape("beta", beta, [B, T, HV], "[B, T, HV]")
