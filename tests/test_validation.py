@@ -11,7 +11,6 @@ finite outputs of the documented shapes.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import math
 import re
 
@@ -949,10 +948,9 @@ def gdn_cases(draw, pool: bool = False) -> dict:
     case = make_gdn(B, T, H, group, K, V, dtype, seed=draw(small(0, 2**16)))
     if draw(st.booleans()):  # g and beta may come in another float dtype than q
         case["g"], case["beta"] = case["g"].float(), case["beta"].float()
-    N, lengths = B, [T] * B
+    N = B
     if varlen:
         bounds = random_bounds(draw, T)
-        lengths = [b - a for a, b in itertools.pairwise(bounds)]
         case["cu_seqlens"] = torch.tensor(bounds, dtype=draw(st.sampled_from([torch.int32, torch.int64])))
         N = len(bounds) - 1
     if draw(st.booleans()):
@@ -961,9 +959,6 @@ def gdn_cases(draw, pool: bool = False) -> dict:
     if pool:
         slots = draw(small(N, N + 3))
         indices = skip_some(draw, slots, N)
-        if not any(n for n, i in zip(lengths, indices, strict=True) if i >= 0):
-            # Live rows that hold no token crash the eager backend (see the xfail below): skip them all.
-            indices = [-1] * N
         case["ssm_pool"] = torch.randn(slots, H * group, K, V, generator=torch.Generator().manual_seed(T)) * 0.1
         case["ssm_indices"] = torch.tensor(indices, dtype=draw(st.sampled_from([torch.int32, torch.int64])))
     else:
@@ -1153,11 +1148,9 @@ def test_property_pool_decode_valid_inputs_run(case):
             assert (o_rows[bounds[n] : bounds[n + 1]] == 0).all()
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="eager pool decode: live rows with no tokens")
 def test_pool_decode_with_only_empty_live_sequences_runs():
-    """Found by the property test: with cu_seqlens [0, 0, 1] and ssm_indices [0, -1] the only live
-    sequence is empty, a valid call (nothing to do), but the eager backend reshapes an empty token set
-    with -1 and raises. Not a validation bug."""
+    """Regression (found by the property test): with cu_seqlens [0, 0, 1] and ssm_indices [0, -1] the
+    only live sequence is empty, a valid call with nothing to do."""
     call = make_pool_call(B=1, T=1, slots=2)
     call["cu_seqlens"] = torch.tensor([0, 0, 1], dtype=torch.int32)
     call["ssm_indices"] = torch.tensor([0, -1], dtype=torch.int32)
@@ -1198,8 +1191,6 @@ def conv_fn_cases(draw, varlen: bool | None = None) -> dict:
         case["conv_states"] = torch.randn(slots, D, W - 1).to(dtype)
         if draw(st.booleans()):
             indices = skip_some(draw, slots, N)
-            if all(i == -1 for i in indices):  # every row skipped crashes the eager backend (xfail below)
-                indices[0] = 0
             case["cache_indices"] = torch.tensor(indices)
         if draw(st.booleans()):
             case["has_initial_state"] = torch.tensor(draw(st.lists(st.booleans(), min_size=N, max_size=N)))
@@ -1365,10 +1356,8 @@ def test_property_conv_fn_valid_inputs_run(case):
         assert torch.isfinite(case["conv_states"]).all()
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="eager varlen conv: float index when every row skips")
 def test_conv_fn_varlen_with_every_row_skipped_runs():
-    """Found by the property test: cache_indices all -1 is a valid call (nothing to write), but the
-    eager backend builds torch.tensor([]) (float) as an index_copy_ index. Not a validation bug."""
+    """Regression (found by the property test): cache_indices all -1 is a valid call, nothing to write."""
     call = make_conv_varlen(lengths=(2, 3), slots=3)
     call["cache_indices"] = torch.tensor([-1, -1], dtype=torch.int32)
     before = call["conv_states"].clone()
@@ -1382,8 +1371,7 @@ def test_conv_fn_varlen_with_every_row_skipped_runs():
 @st.composite
 def conv_update_cases(draw) -> dict:
     B, D, W = draw(small(1, 3)), draw(small(1, 6)), draw(small(1, 4))
-    # state_len 0 (possible only with W = 1) crashes the eager backend: see the xfail below.
-    state_len = draw(small(max(W - 1, 1), W + 2))
+    state_len = draw(small(W - 1, W + 2))
     dtype = draw(st.sampled_from([torch.float32, torch.bfloat16]))
     L = draw(st.one_of(st.none(), small(1, 4)))
     case = dict(
@@ -1496,10 +1484,9 @@ def test_property_conv_update_valid_inputs_run(case):
                 assert torch.equal(case["conv_state"][slot], before[slot])
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="eager conv update slices [-0:] when state_len is 0")
 def test_conv_update_kernel_width_one_with_empty_state_runs():
-    """Found by the property test: W = 1 needs no history, so conv_state [slots, D, 0] passes validation
-    (state_len >= W - 1 = 0), but the eager backend writes extended[..., -0:] (everything) into it."""
+    """Regression (found by the property test): W = 1 needs no history, so conv_state [slots, D, 0] is
+    valid and must stay empty."""
     call = make_conv_update(B=2, D=4, W=1, state_len=0, slots=2)
     call["conv_state_indices"] = None
     out = CONV_UPDATE(**call)

@@ -97,9 +97,9 @@ def _varlen(x, weight, bias, activation, query_start_loc, conv_states, cache_ind
             cols = (ends.unsqueeze(1) - hist + torch.arange(hist)).to(x.device)  # [N, W - 1]
             finals = extended[0].index_select(1, cols.flatten()).view(D, N, hist).permute(1, 0, 2)
             write = [n for n in range(N) if slots[n] >= 0]
-            conv_states.index_copy_(
-                0, torch.tensor([slots[n] for n in write], device=x.device), finals[write].to(conv_states.dtype)
-            )
+            if write:
+                targets = torch.tensor([slots[n] for n in write], dtype=torch.long, device=x.device)
+                conv_states.index_copy_(0, targets, finals[write].to(conv_states.dtype))
     return out
 
 
@@ -127,5 +127,5 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
         conv = _depthwise(extended[..., state_len - (width - 1) :], weight, bias)
         out = out.index_copy(0, row_idx, _activate(conv, activation).to(x.dtype))
         with torch.no_grad():
-            conv_state.index_copy_(0, slot_idx, extended[..., -state_len:].to(conv_state.dtype))
+            conv_state.index_copy_(0, slot_idx, extended[..., extended.shape[-1] - state_len :].to(conv_state.dtype))
     return out.squeeze(-1) if squeeze else out

@@ -194,11 +194,12 @@ def fused_recurrent_gated_delta_rule_update(
 ):
     """Decode against a state pool: rows with index -1 are skipped (output zeros, pool untouched)."""
     slots = ssm_indices.tolist()
-    live = [n for n, slot in enumerate(slots) if slot >= 0]
+    lengths = sequence_lengths(shapes.B, shapes.T, cu_seqlens)
+    # A live sequence without tokens leaves its pool slot as it is: nothing to run for it.
+    live = [n for n, slot in enumerate(slots) if slot >= 0 and lengths[n] > 0]
     o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
     if not live:
         return o
-    lengths = sequence_lengths(shapes.B, shapes.T, cu_seqlens)
     starts = [sum(lengths[:n]) for n in range(len(lengths))]
     token_idx = torch.tensor(
         [starts[n] + t for n in live for t in range(lengths[n])], dtype=torch.long, device=q.device
