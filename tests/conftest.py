@@ -18,12 +18,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
+# The matrix's test families, plus `tooling` for tests of the matrix code itself, which cells never select.
+FAMILIES = ("probe", "single_op", "shape_grid", "grpo", "tooling")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test belongs to exactly one matrix test family; the family travels to the JUnit report as
-    a property so the matrix report can count per family (xdist keeps per-test properties)."""
+    """Every test belongs to exactly one family; the family travels to the JUnit report as a property
+    so the matrix report can count per family (xdist keeps per-test properties)."""
     unmarked = []
     for item in items:
         families = sorted({m.name for m in item.iter_markers() if m.name in FAMILIES})

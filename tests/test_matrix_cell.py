@@ -14,7 +14,7 @@ import pytest
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import parse_matrix
 
-pytestmark = pytest.mark.probe
+pytestmark = pytest.mark.tooling
 
 TESTS = {
     "ok": "import pytest\n\n@pytest.mark.probe\ndef test_fine():\n    assert 1 + 1 == 2\n",

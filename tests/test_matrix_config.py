@@ -10,7 +10,7 @@ import yaml
 
 from gdn.matrix.config import MatrixConfigError, cell_files, load_matrix, parse_matrix
 
-pytestmark = pytest.mark.probe
+pytestmark = pytest.mark.tooling
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = yaml.safe_load((ROOT / "matrix.yaml").read_text())
