@@ -4,6 +4,7 @@ the parsed arguments, so adding one touches only build_parser()."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,14 @@ def _add_run(commands) -> None:
     parser.set_defaults(handler=_run_cell)
 
 
+def _add_module_command(commands, name: str, help_text: str) -> None:
+    """Subcommands whose module provides add_arguments(parser) and run(args) (gdn.matrix.<name>)."""
+    module = importlib.import_module(f"gdn.matrix.{name}")
+    parser = commands.add_parser(name, help=help_text, description=module.__doc__.splitlines()[0])
+    module.add_arguments(parser)
+    parser.set_defaults(handler=module.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-matrix", description="Gated DeltaNet wheel-compatibility matrix.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -51,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_arguments(probe_parser)
     probe_parser.set_defaults(handler=probe.run)
     _add_run(commands)
+    _add_module_command(commands, "report", "build report.json / report.md / report.html from results/")
+    _add_module_command(commands, "diff", "compare two report.json files; non-zero exit on a regression")
+    _add_module_command(commands, "pull", "fetch the latest matrix report from GitHub Actions (needs gh)")
     return parser
 
 

@@ -1,0 +1,388 @@
+"""Compare two matrix reports (report.json) and say what an upgrade changes: backend resolution per
+(cell, op, device), tests that newly fail or no longer fail, cell status, versions, cells added or
+removed, unmet expectations and benchmark slowdowns. `gdn-matrix diff OLD NEW` prints Markdown and
+exits non-zero when anything is a regression, so it can gate a wheel upgrade in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gdn.matrix.report import SCHEMA, UNMARKED_FAMILY, bench_label, expectation_text, md_cell, md_table
+
+DEFAULT_THRESHOLD = 0.10
+# worse is higher; not_run is worst because nothing about the cell is known any more
+STATUS_RANK = {"passed": 0, "failed": 1, "error": 2, "timeout": 2, "build_failed": 3, "not_run": 4}
+
+
+class ReportError(ValueError):
+    """A report file that cannot be read as a report.json."""
+
+
+@dataclass
+class BackendChange:
+    cell: str
+    op: str
+    device: str
+    old_backend: str | None
+    old_route: str | None
+    new_backend: str | None
+    new_route: str | None
+    old_error: str | None = None
+    new_error: str | None = None
+    # why the new resolution passed over its other candidates: the first thing a reader asks
+    new_rejected: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def backend_changed(self) -> bool:
+        return self.old_backend != self.new_backend
+
+    @property
+    def old_text(self) -> str:
+        return _resolved_text(self.old_backend, self.old_route, self.old_error)
+
+    @property
+    def new_text(self) -> str:
+        return _resolved_text(self.new_backend, self.new_route, self.new_error)
+
+    @property
+    def why(self) -> str:
+        return "; ".join(f"{r.get('backend')} rejected: {r.get('reason')}" for r in self.new_rejected)
+
+
+def _resolved_text(backend: str | None, route: str | None, error: str | None) -> str:
+    if error:
+        return f"error: {error}"
+    return route or backend or "not resolved"
+
+
+@dataclass
+class TestChange:
+    cell: str
+    test: str
+    outcome: str
+    message: str | None = None
+
+
+@dataclass
+class StatusChange:
+    cell: str
+    old: str
+    new: str
+
+    @property
+    def regressed(self) -> bool:
+        return STATUS_RANK.get(self.new, 2) > STATUS_RANK.get(self.old, 2)
+
+
+@dataclass
+class VersionChange:
+    cell: str
+    package: str
+    old: str | None
+    new: str | None
+
+
+@dataclass
+class Slowdown:
+    cell: str
+    label: str
+    old_ms: float
+    new_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.new_ms / self.old_ms - 1.0
+
+
+@dataclass
+class ReportDiff:
+    threshold: float
+    backend_changes: list[BackendChange] = field(default_factory=list)
+    newly_failing: list[TestChange] = field(default_factory=list)
+    newly_passing: list[TestChange] = field(default_factory=list)
+    status_changes: list[StatusChange] = field(default_factory=list)
+    version_changes: list[VersionChange] = field(default_factory=list)
+    cells_added: list[str] = field(default_factory=list)
+    cells_removed: list[str] = field(default_factory=list)
+    expectation_violations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    slowdowns: list[Slowdown] = field(default_factory=list)
+    regressions: list[str] = field(default_factory=list)
+
+    @property
+    def status_regressions(self) -> list[StatusChange]:
+        return [c for c in self.status_changes if c.regressed]
+
+    def to_markdown(self) -> str:
+        return render_markdown(self)
+
+
+# ---------------------------------------------------------------- comparing
+
+
+def _cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {cell["name"]: cell for cell in report["cells"]}
+
+
+def _backend_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[BackendChange]:
+    old_res, new_res = old.get("resolution") or {}, new.get("resolution") or {}
+    if not old_res or not new_res:
+        # a cell that resolved nothing (not run, build failed) is told by its status, not per op
+        return []
+    changes = []
+    keys = {(op, dev) for res in (old_res, new_res) for op, per_device in res.items() for dev in per_device}
+    for op, device in sorted(keys):
+        before = old_res.get(op, {}).get(device) or {}
+        after = new_res.get(op, {}).get(device) or {}
+        # error texts carry per-run details, so only whether there was one is compared
+        if _state(before) == _state(after):
+            continue
+        changes.append(
+            BackendChange(
+                name,
+                op,
+                device,
+                before.get("backend"),
+                before.get("route"),
+                after.get("backend"),
+                after.get("route"),
+                old_error=before.get("error"),
+                new_error=after.get("error"),
+                new_rejected=after.get("rejected") or [],
+            )
+        )
+    return changes
+
+
+def _state(entry: dict[str, Any]) -> tuple[Any, Any, bool]:
+    return entry.get("backend"), entry.get("route"), bool(entry.get("error"))
+
+
+def _is_backend_regression(change: BackendChange, route_changes_regress: bool) -> bool:
+    if change.old_backend is None:
+        # nothing resolved before (a new device, or an error then too): nothing was lost
+        return False
+    return change.backend_changed or route_changes_regress
+
+
+def _failing(cell: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["test"]: f for f in cell.get("failures") or [] if isinstance(f, dict) and "test" in f}
+
+
+def _ran_family(cell: dict[str, Any], family: str | None) -> bool:
+    counts = (cell.get("families") or {}).get(family or UNMARKED_FAMILY) or {}
+    return counts.get("total", 0) > counts.get("skipped", 0)
+
+
+def _test_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> tuple[list[TestChange], list[TestChange]]:
+    before, after = _failing(old), _failing(new)
+    failing = [TestChange(name, t, f["outcome"], f.get("message")) for t, f in after.items() if t not in before]
+    # a report lists failures only, so a test counts as passing again only where its family ran
+    passing = [
+        TestChange(name, t, "passed") for t, f in before.items() if t not in after and _ran_family(new, f.get("family"))
+    ]
+    return failing, passing
+
+
+def _version_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[VersionChange]:
+    before, after = old.get("versions") or {}, new.get("versions") or {}
+    if not any(before.values()) or not any(after.values()):
+        # no manifest on one side (not run, build failed): its status says why, not every version
+        return []
+    return [
+        VersionChange(name, key, before.get(key), after.get(key))
+        for key in dict.fromkeys([*before, *after])
+        if before.get(key) != after.get(key)
+    ]
+
+
+def _bench_index(cell: dict[str, Any]) -> dict[str, tuple[str, float]]:
+    """(label, ms) per benchmark row, keyed on op + impl + shape."""
+    index = {}
+    for row in cell.get("bench") or []:
+        ms = row.get("ms") if isinstance(row, dict) else None
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            key = json.dumps([row.get("op"), row.get("impl"), row.get("shape")], sort_keys=True, default=str)
+            index[key] = (bench_label(row), float(ms))
+    return index
+
+
+def _slowdowns(name: str, old: dict[str, Any], new: dict[str, Any], threshold: float) -> list[Slowdown]:
+    before, after = _bench_index(old), _bench_index(new)
+    found = [Slowdown(name, label, ms, after[key][1]) for key, (label, ms) in before.items() if key in after]
+    return [s for s in found if s.ratio > threshold]
+
+
+def _violations(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    if cell.get("status") == "not_run":
+        # the cell's status already says it was not run; its expectations were not tested
+        return []
+    return [(cell["name"], e) for e in cell.get("expectations") or [] if not e.get("ok")]
+
+
+def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+    diff.backend_changes += _backend_changes(name, old, new)
+    failing, passing = _test_changes(name, old, new)
+    diff.newly_failing += failing
+    diff.newly_passing += passing
+    if old.get("status") != new.get("status"):
+        diff.status_changes.append(StatusChange(name, old.get("status"), new.get("status")))
+    diff.version_changes += _version_changes(name, old, new)
+    diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
+
+
+def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
+    found = [
+        f"{c.cell}: {c.op} on {c.device} moved from {c.old_text} to {c.new_text}" + (f" ({c.why})" if c.why else "")
+        for c in diff.backend_changes
+        if _is_backend_regression(c, route_changes_regress)
+    ]
+    found += [f"{t.cell}: {t.test} newly {t.outcome}" for t in diff.newly_failing]
+    found += [f"{c.cell}: status {c.old} → {c.new}" for c in diff.status_regressions]
+    found += [f"{name}: cell removed" for name in diff.cells_removed]
+    found += [f"{name}: expectation not met: {expectation_text(e)}" for name, e in diff.expectation_violations]
+    found += [
+        f"{s.cell}: {s.label} slowed {s.ratio:.0%} ({s.old_ms:.3g} ms → {s.new_ms:.3g} ms)" for s in diff.slowdowns
+    ]
+    return found
+
+
+def diff_reports(
+    old: dict[str, Any],
+    new: dict[str, Any],
+    *,
+    slowdown_threshold: float = DEFAULT_THRESHOLD,
+    route_changes_regress: bool = False,
+) -> ReportDiff:
+    """What changed from old to new. A backend moving to another backend is a regression; a change of
+    route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
+    route_changes_regress."""
+    diff = ReportDiff(threshold=slowdown_threshold)
+    before, after = _cells(old), _cells(new)
+    diff.cells_added = [name for name in after if name not in before]
+    diff.cells_removed = [name for name in before if name not in after]
+    for name, cell in after.items():
+        if name in before:
+            _compare_cell(diff, name, before[name], cell)
+        diff.expectation_violations += _violations(cell)
+    diff.regressions = _regressions(diff, route_changes_regress)
+    return diff
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def _section(title: str, lines: list[str]) -> list[str]:
+    return [f"### {title}", "", *lines] if lines else []
+
+
+def _bullets(items: list[str]) -> list[str]:
+    return [f"- {md_cell(item)}" for item in items] + [""] if items else []
+
+
+def render_markdown(diff: ReportDiff) -> str:
+    lines = ["## gdn-matrix diff", ""]
+    if diff.regressions:
+        lines += [f"**{len(diff.regressions)} regression(s)**", "", *_bullets(diff.regressions)]
+    else:
+        lines += ["No regressions.", ""]
+    backend_rows = [
+        [c.cell, c.op, c.device, c.old_text, c.new_text, "backend" if c.backend_changed else "route", c.why]
+        for c in diff.backend_changes
+    ]
+    lines += _section(
+        "Backend resolution",
+        md_table(["cell", "op", "device", "old", "new", "change", "why"], backend_rows) if backend_rows else [],
+    )
+    lines += _section(
+        "Newly failing tests",
+        _bullets([f"{t.cell}: `{t.test}` ({t.outcome}) {(t.message or '')[:200]}" for t in diff.newly_failing]),
+    )
+    lines += _section("No longer failing", _bullets([f"{t.cell}: `{t.test}`" for t in diff.newly_passing]))
+    lines += _section(
+        "Cell status",
+        _bullets([f"{c.cell}: {c.old} → {c.new}{' (regression)' if c.regressed else ''}" for c in diff.status_changes]),
+    )
+    version_rows = [[v.cell, v.package, v.old, v.new] for v in diff.version_changes]
+    lines += _section("Versions", md_table(["cell", "package", "old", "new"], version_rows) if version_rows else [])
+    lines += _section("Cells added", _bullets(diff.cells_added))
+    lines += _section("Cells removed", _bullets(diff.cells_removed))
+    lines += _section(
+        "Expectations not met", _bullets([f"{name}: {expectation_text(e)}" for name, e in diff.expectation_violations])
+    )
+    slow_rows = [[s.cell, s.label, f"{s.old_ms:.4g}", f"{s.new_ms:.4g}", f"+{s.ratio:.0%}"] for s in diff.slowdowns]
+    lines += _section(
+        f"Slower by more than {diff.threshold:.0%}",
+        md_table(["cell", "benchmark", "old ms", "new ms", "change"], slow_rows) if slow_rows else [],
+    )
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- gdn-matrix diff
+
+
+def load_report(path: Path) -> dict[str, Any]:
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read report {path}: {exc}") from None
+    if not isinstance(report, dict) or not isinstance(report.get("cells"), list):
+        raise ReportError(f"{path} is not a gdn-matrix report.json (no 'cells' list)")
+    if report.get("schema") != SCHEMA:
+        raise ReportError(f"{path} has report schema {report.get('schema')!r}; this gdn-matrix reads schema {SCHEMA}")
+    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in report["cells"]):
+        raise ReportError(f"{path}: every entry of 'cells' must be an object with a 'name'")
+    return report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("old", type=Path, metavar="OLD", help="the report.json before the change")
+    parser.add_argument("new", type=Path, metavar="NEW", help="the report.json after the change")
+    parser.add_argument(
+        "--threshold",
+        type=float,
+        default=DEFAULT_THRESHOLD,
+        help="relative slowdown of a benchmark row that counts as a regression (default: 0.1 = 10%%)",
+    )
+    parser.add_argument(
+        "--route-changes-regress",
+        action="store_true",
+        help="also count a change of route within the same backend as a regression",
+    )
+    parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
+    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the Markdown to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        old, new = load_report(args.old), load_report(args.new)
+    except ReportError as exc:
+        print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
+        return 2
+    diff = diff_reports(old, new, slowdown_threshold=args.threshold, route_changes_regress=args.route_changes_regress)
+    markdown = diff.to_markdown()
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(markdown)
+    print(markdown, end="")
+    return 1 if diff.regressions and not args.no_fail else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gdn-matrix diff", description="Compare two gdn-matrix report.json files.")
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,629 @@
+"""Merge every results/<cell>/ into one matrix report: report.json (the source of truth, versioned
+schema), report.md (sized for a GitHub job summary) and report.html (one self-contained page).
+
+Cells named in the matrix but without a results directory are reported as not run, so a report always
+shows the whole matrix; results of cells the matrix no longer names are kept, since they were run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+import sys
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
+from gdn.matrix.results import (
+    FAMILY_MARKERS,
+    STATUSES,
+    CellResults,
+    TestCase,
+    atomic_write,
+    read_results,
+    write_json,
+)
+from gdn.op_names import OP_NAMES
+
+SCHEMA = 1
+NOT_RUN_REASON = "no results: the cell was not run"
+ACCELERATORS = ("cuda", "npu")
+VERSION_KEYS = (
+    "python",
+    "torch",
+    "triton",
+    "triton_flavour",
+    "torch_npu",
+    "cann",
+    "driver",
+    "fla_npu",
+    "fla_npu_generation",
+    "fla",
+    "transformers",
+)
+# where each version lives in a probe manifest (gdn.probe.collect_manifest)
+VERSION_PATHS: dict[str, tuple[str, ...]] = {
+    "python": ("python", "version"),
+    "torch": ("torch", "version"),
+    "triton_flavour": ("triton", "flavour"),
+    "torch_npu": ("torch_npu", "distribution", "version"),
+    "cann": ("cann", "toolkit", "version"),
+    "driver": ("cann", "driver", "version"),
+    "fla_npu": ("fla_npu", "distribution", "version"),
+    "fla_npu_generation": ("fla_npu", "api", "generation"),
+    "fla": ("fla", "distribution", "version"),
+    "transformers": ("transformers", "distribution", "version"),
+}
+UNMARKED_FAMILY = "unmarked"
+FAILURES_SHOWN = 20
+# the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
+HTML_FAILURES_SHOWN = 200
+LOG_LINES_SHOWN = 40
+TEMPLATE = "report.html.j2"
+
+
+# ---------------------------------------------------------------- report.json
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    """data[k0][k1]...; None where a section is missing or is a probe error ({"error": ...})."""
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _triton_version(manifest: dict[str, Any]) -> str | None:
+    imported = _dig(manifest, "triton", "import", "version")
+    if imported:
+        return imported
+    # not importable (e.g. no driver): the installed distribution still says which version it is
+    distributions = _dig(manifest, "triton", "distributions")
+    if isinstance(distributions, dict) and distributions:
+        return next(iter(distributions.values()))
+    return None
+
+
+def versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
+    found = {key: _dig(manifest, *path) for key, path in VERSION_PATHS.items()}
+    found["triton"] = _triton_version(manifest or {})
+    return {key: (str(found[key]) if found[key] is not None else None) for key in VERSION_KEYS}
+
+
+def _resolution_entry(record: dict[str, Any]) -> dict[str, Any]:
+    if "error" in record:
+        return {"backend": None, "route": None, "error": str(record["error"])}
+    rejected = [
+        {"backend": r.get("backend"), "reason": r.get("reason")}
+        for r in record.get("rejected") or []
+        if isinstance(r, dict)
+    ]
+    return {"backend": record.get("backend"), "route": record.get("route"), "rejected": rejected}
+
+
+def _op_order(op: str) -> tuple[int, str]:
+    return (OP_NAMES.index(op) if op in OP_NAMES else len(OP_NAMES), op)
+
+
+def resolution_map(records: list[Any], problems: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    by_op: dict[str, dict[str, dict[str, Any]]] = {}
+    for i, record in enumerate(records):
+        if not (
+            isinstance(record, dict) and isinstance(record.get("op"), str) and isinstance(record.get("device"), str)
+        ):
+            problems.append(f"resolution record #{i} has no op and device: {record!r:.200}")
+            continue
+        by_op.setdefault(record["op"], {})[record["device"]] = _resolution_entry(record)
+    return {op: by_op[op] for op in sorted(by_op, key=_op_order)}
+
+
+def _family_order(family: str) -> tuple[int, str]:
+    return (FAMILY_MARKERS.index(family) if family in FAMILY_MARKERS else len(FAMILY_MARKERS), family)
+
+
+def family_counts(tests: list[TestCase]) -> dict[str, dict[str, int]]:
+    counts: dict[str, dict[str, int]] = {}
+    for test in tests:
+        family = counts.setdefault(
+            test.family or UNMARKED_FAMILY, {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "total": 0}
+        )
+        family[test.outcome] += 1
+        family["total"] += 1
+    return {name: counts[name] for name in sorted(counts, key=_family_order)}
+
+
+def failures(tests: list[TestCase]) -> list[dict[str, Any]]:
+    return [
+        {
+            "test": f"{t.classname}::{t.name}",
+            "family": t.family,
+            "outcome": t.outcome,
+            "message": t.message,
+        }
+        for t in tests
+        if t.outcome in ("failed", "error")
+    ]
+
+
+def bench_rows(bench: Any, problems: list[str]) -> list[dict[str, Any]] | None:
+    if bench is None:
+        return None
+    rows = bench.get("rows") if isinstance(bench, dict) else None
+    if not isinstance(rows, list):
+        problems.append("bench.json has no 'rows' list")
+        return None
+    return [row for row in rows if isinstance(row, dict)]
+
+
+def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
+    """The cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU cell run without
+    the NPU visible has cpu records only); a cell that resolved nothing keeps its own device kind."""
+    if not resolution:
+        return device or "cpu"
+    if device in ACCELERATORS and any(device in per_device for per_device in resolution.values()):
+        return device
+    return "cpu"
+
+
+def expectations(cell: Cell | None, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    if cell is None:
+        return []
+    device = primary_device(entry["device"], entry["resolution"])
+    checked = []
+    for expect in cell.expect:
+        actual = entry["resolution"].get(expect.op, {}).get(device, {})
+        backend, route = actual.get("backend"), actual.get("route")
+        ok = entry["status"] != "not_run" and backend == expect.backend and expect.route in (None, route)
+        checked.append(
+            {
+                "op": expect.op,
+                "backend": expect.backend,
+                "route": expect.route,
+                "actual_backend": backend,
+                "actual_route": route,
+                "ok": ok,
+            }
+        )
+    return checked
+
+
+def _status(outcome: dict[str, Any] | None, problems: list[str]) -> tuple[str, str | None]:
+    if outcome is None:
+        return "error", problems[0] if problems else "cell.json is missing"
+    status, reason = outcome.get("status"), outcome.get("reason")
+    if status not in STATUSES:
+        problems.append(f"cell.json has an unknown status {status!r}")
+        return "error", f"unknown status {status!r}"
+    if status == "passed" and problems:
+        # what cannot be read cannot be shown to have passed
+        return "error", f"results unreadable: {problems[0]}"
+    return status, reason
+
+
+def _not_run(cell: Cell) -> CellResults:
+    return CellResults(name=cell.name, outcome={"status": "not_run", "reason": NOT_RUN_REASON})
+
+
+def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
+    problems = list(results.problems)
+    resolution = resolution_map(results.resolution, problems)
+    bench = bench_rows(results.bench, problems)
+    outcome = results.outcome if isinstance(results.outcome, dict) else None
+    # last, so that it sees every problem found while reading the cell
+    status, reason = _status(outcome, problems)
+    known = outcome or {}
+    entry: dict[str, Any] = {
+        "name": results.name,
+        "status": status,
+        "reason": reason,
+        "device": known.get("device") or (cell.device if cell else None),
+        "runtime": known.get("runtime") or (cell.runtime if cell else None),
+        "real_hardware": bool(known.get("real_hardware", False)),
+        "stand_ins": list(known.get("stand_ins") or []),
+        "duration_s": known.get("duration_s"),
+        "image": known.get("image"),
+        "image_built": known.get("image_built"),
+        "exit_code": known.get("exit_code"),
+        "log_tail": known.get("log_tail"),
+        "versions": versions(results.manifest),
+        "resolution": resolution,
+        "families": family_counts(results.tests),
+        "failures": failures(results.tests),
+        "bench": bench,
+    }
+    entry["expectations"] = expectations(cell, entry)
+    entry["problems"] = problems
+    return entry
+
+
+def _is_report_dir(directory: Path) -> bool:
+    """A report written under the results root (nox keeps it in results/report/) is not a cell."""
+    return (directory / "report.json").is_file() and not (directory / "cell.json").exists()
+
+
+def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, Any]:
+    found = {r.name: r for r in read_results(results_root) if not _is_report_dir(results_root / r.name)}
+    cells = [cell_entry(found.pop(c.name, None) or _not_run(c), c) for c in (matrix.cells if matrix else ())]
+    cells += [cell_entry(found[name], None) for name in sorted(found)]
+    return {
+        "schema": SCHEMA,
+        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "ops": list(OP_NAMES),
+        "cells": cells,
+    }
+
+
+# ---------------------------------------------------------------- shared by md and html
+
+
+def cell_primary_device(cell: dict[str, Any]) -> str:
+    return primary_device(cell.get("device"), cell.get("resolution") or {})
+
+
+def accelerator_missing(cell: dict[str, Any]) -> bool:
+    """An accelerator cell whose resolutions are cpu ones: its device was not visible where it ran."""
+    return cell.get("device") in ACCELERATORS and cell_primary_device(cell) == "cpu"
+
+
+def route_text(entry: dict[str, Any] | None) -> str:
+    """`eager (triton rejected)`: the route that serves the op, and what it fell back from."""
+    if not entry:
+        return "—"
+    if entry.get("error"):
+        return "error"
+    text = entry.get("route") or entry.get("backend") or "?"
+    rejected = [r.get("backend") or "?" for r in entry.get("rejected") or []]
+    return f"{text} ({', '.join(rejected)} rejected)" if rejected else text
+
+
+def resolution_state(entry: dict[str, Any] | None) -> str:
+    """none / error / fallback / eager / kernel: the colour of a resolution cell."""
+    if not entry:
+        return "none"
+    if entry.get("error"):
+        return "error"
+    if entry.get("rejected"):
+        return "fallback"
+    return "eager" if entry.get("backend") == "eager" else "kernel"
+
+
+def family_text(counts: dict[str, int] | None, status: str) -> str:
+    if status == "not_run":
+        return "not run"
+    if not counts:
+        return "—"
+    ran = counts["total"] - counts["skipped"]
+    text = f"{counts['passed']}/{ran}"
+    return text + (f" ({counts['skipped']} skipped)" if counts["skipped"] else "")
+
+
+def family_state(counts: dict[str, int] | None, status: str) -> str:
+    """passed / failed / not_run / empty: the colour of a family cell."""
+    if status == "not_run":
+        return "not_run"
+    if not counts or counts["total"] == counts["skipped"]:
+        return "empty"
+    return "failed" if counts["failed"] + counts["error"] else "passed"
+
+
+def report_families(report: dict[str, Any]) -> list[str]:
+    seen = {family for cell in report["cells"] for family in cell.get("families") or {}}
+    return sorted(set(FAMILY_MARKERS) | seen, key=_family_order)
+
+
+def version_columns(report: dict[str, Any]) -> list[str]:
+    """The version keys any cell has a value for (a CPU-only matrix has no CANN column)."""
+    return [key for key in VERSION_KEYS if any((c.get("versions") or {}).get(key) for c in report["cells"])]
+
+
+def hardware_note(cell: dict[str, Any]) -> str | None:
+    # a cell that never got to run its tests ran them on nothing, real or not
+    if (
+        cell.get("device") not in ACCELERATORS
+        or cell.get("real_hardware")
+        or cell["status"] in ("not_run", "build_failed")
+    ):
+        return None
+    stand_ins = cell.get("stand_ins") or []
+    if stand_ins:
+        return f"not run on real {cell['device']} hardware; stand-ins: {', '.join(stand_ins)}"
+    return f"not run on real {cell['device']} hardware"
+
+
+def expectation_text(expect: dict[str, Any]) -> str:
+    wanted = expect["backend"] + (f" ({expect['route']})" if expect.get("route") else "")
+    if expect.get("actual_backend") is None:
+        return f"{expect['op']}: expected {wanted}, nothing resolved"
+    return f"{expect['op']}: expected {wanted}, resolved {expect['actual_backend']} ({expect.get('actual_route')})"
+
+
+# ---------------------------------------------------------------- report.md
+
+STATUS_ICONS = {
+    "passed": "✅",
+    "failed": "❌",
+    "error": "💥",
+    "timeout": "⏱️",
+    "build_failed": "🧱",
+    "not_run": "⚪",
+}
+
+
+def md_cell(value: Any) -> str:
+    """A value as one Markdown table cell: no line breaks, pipes escaped."""
+    text = "—" if value is None or value == "" else str(value)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks inside the text."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    return "`" * max(3, longest + 1)
+
+
+def _duration(seconds: Any) -> str | None:
+    return f"{seconds:.0f} s" if isinstance(seconds, (int, float)) else None
+
+
+def _md_summary(report: dict[str, Any]) -> list[str]:
+    rows = [
+        [
+            c["name"],
+            f"{STATUS_ICONS.get(c['status'], '')} {c['status']}",
+            c.get("device"),
+            c.get("runtime"),
+            _duration(c.get("duration_s")),
+            c.get("reason"),
+        ]
+        for c in report["cells"]
+    ]
+    return ["## Cells", "", *md_table(["cell", "status", "device", "runtime", "duration", "reason"], rows)]
+
+
+def _md_resolution(report: dict[str, Any]) -> list[str]:
+    rows, off_device = [], False
+    for cell in report["cells"]:
+        device = cell_primary_device(cell)
+        marker = ""
+        if accelerator_missing(cell):
+            marker, off_device = " †", True
+        routes = [route_text((cell.get("resolution") or {}).get(op, {}).get(device)) for op in report["ops"]]
+        rows.append([f"{cell['name']} ({device}){marker}", *routes])
+    lines = ["## Resolved backends", "", *md_table(["cell", *report["ops"]], rows)]
+    if off_device:
+        lines += ["† the cell's accelerator was not visible: these are its cpu resolutions.", ""]
+    return lines
+
+
+def _md_families(report: dict[str, Any]) -> list[str]:
+    families = report_families(report)
+    icons = {"passed": " ✅", "failed": " ❌"}
+    rows = []
+    for cell in report["cells"]:
+        counts = cell.get("families") or {}
+        row = [cell["name"]]
+        for family in families:
+            state = family_state(counts.get(family), cell["status"])
+            row.append(family_text(counts.get(family), cell["status"]) + icons.get(state, ""))
+        rows.append(row)
+    return ["## Tests", "", *md_table(["cell", *families], rows)]
+
+
+def _md_versions(report: dict[str, Any]) -> list[str]:
+    columns = version_columns(report)
+    if not columns:
+        return []
+    rows = [[c["name"], *((c.get("versions") or {}).get(k) for k in columns)] for c in report["cells"]]
+    return ["## Versions", "", *md_table(["cell", *columns], rows)]
+
+
+def _md_not_run(report: dict[str, Any]) -> list[str]:
+    cells = [c for c in report["cells"] if c["status"] == "not_run"]
+    if not cells:
+        return []
+    return ["## Not run", "", *(f"- **{c['name']}**: {md_cell(c.get('reason'))}" for c in cells), ""]
+
+
+def _md_notes(report: dict[str, Any]) -> list[str]:
+    """Per cell: problems, unmet expectations, stand-in hardware."""
+    lines = []
+    for cell in report["cells"]:
+        notes = [f"problem: {p}" for p in cell.get("problems") or []]
+        if cell["status"] != "not_run":
+            unmet = [e for e in cell.get("expectations") or [] if not e["ok"]]
+            notes += [f"expectation not met: {expectation_text(e)}" for e in unmet]
+        if note := hardware_note(cell):
+            notes.append(note)
+        lines += [f"- **{cell['name']}**: {md_cell(n)}" for n in notes]
+    return ["## Problems", "", *lines, ""] if lines else []
+
+
+def _md_failures(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for cell in report["cells"]:
+        failed = cell.get("failures") or []
+        if not failed:
+            continue
+        lines += [f"### {cell['name']}: {len(failed)} failing", ""]
+        for f in failed[:FAILURES_SHOWN]:
+            message = f": {md_cell(f['message'])[:300]}" if f.get("message") else ""
+            lines.append(f"- `{f['test']}` ({f['outcome']}){message}")
+        if len(failed) > FAILURES_SHOWN:
+            lines.append(f"- … and {len(failed) - FAILURES_SHOWN} more (see report.json)")
+        lines.append("")
+    return ["## Failures", "", *lines] if lines else []
+
+
+def _md_logs(report: dict[str, Any]) -> list[str]:
+    lines = []
+    for cell in report["cells"]:
+        tail = cell.get("log_tail")
+        if not tail or cell["status"] == "passed":
+            continue
+        text = "\n".join(tail.splitlines()[-LOG_LINES_SHOWN:])
+        fence = _fence(text)
+        lines += [f"<details><summary>{cell['name']}: log tail</summary>", "", fence, text, fence, "", "</details>", ""]
+    return ["## Logs", "", *lines] if lines else []
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = ["# gdn-matrix report", "", f"Generated {report['generated_at']}.", ""]
+    for section in (
+        _md_summary,
+        _md_resolution,
+        _md_families,
+        _md_versions,
+        _md_not_run,
+        _md_notes,
+        _md_failures,
+        _md_logs,
+    ):
+        lines += section(report)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- report.html
+
+
+def _shape_text(shape: Any) -> str:
+    if isinstance(shape, (list, tuple)):
+        return "×".join(str(s) for s in shape)
+    if isinstance(shape, dict):
+        return ", ".join(f"{k}={v}" for k, v in shape.items())
+    return "" if shape is None else str(shape)
+
+
+def bench_label(row: dict[str, Any]) -> str:
+    parts = [str(row.get("op", "?")), str(row.get("impl", "?")), _shape_text(row.get("shape"))]
+    return " · ".join(p for p in parts if p)
+
+
+def _timed(rows: list[dict[str, Any]]) -> list[tuple[str, float]]:
+    timed = []
+    for row in rows:
+        ms = row.get("ms")
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and math.isfinite(ms) and ms >= 0:
+            timed.append((bench_label(row), float(ms)))
+    return timed
+
+
+def bench_svg(rows: list[dict[str, Any]] | None) -> str | None:
+    """Horizontal bars of each benchmark row's time, labelled, on one linear ms scale."""
+    from markupsafe import escape
+
+    timed = _timed(rows or [])
+    if not timed:
+        return None
+    bar_h, gap, label_w, plot_w, value_w = 18, 6, 380, 420, 90
+    longest = max(ms for _, ms in timed) or 1.0
+    height = len(timed) * (bar_h + gap) + gap
+    width = label_w + plot_w + value_w
+    parts = [
+        f'<svg class="bench" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" role="img" aria-label="op timings in ms">'
+    ]
+    for i, (label, ms) in enumerate(timed):
+        y = gap + i * (bar_h + gap)
+        bar = max(1.0, plot_w * ms / longest)
+        text_y = y + bar_h - 5
+        parts += [
+            f'<text x="{label_w - 8}" y="{text_y}" text-anchor="end">{escape(label)}</text>',
+            f'<rect x="{label_w}" y="{y}" width="{bar:.1f}" height="{bar_h}"><title>{escape(label)}: {ms:.4g} ms'
+            "</title></rect>",
+            f'<text x="{label_w + bar + 6:.1f}" y="{text_y}">{ms:.3g} ms</text>',
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _html_environment():
+    import jinja2
+
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.filters["route_text"] = route_text
+    env.filters["duration"] = _duration
+    env.globals.update(
+        family_text=family_text,
+        family_state=family_state,
+        resolution_state=resolution_state,
+        hardware_note=hardware_note,
+        expectation_text=expectation_text,
+        primary_device=cell_primary_device,
+        accelerator_missing=accelerator_missing,
+    )
+    return env
+
+
+def render_html(report: dict[str, Any]) -> str:
+    from markupsafe import Markup
+
+    source = resources.files("gdn.matrix").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
+    template = _html_environment().from_string(source)
+    # built from escaped parts in bench_svg, so it is marked safe here and nowhere else
+    plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := bench_svg(c.get("bench")))}
+    counts: dict[str, int] = {}
+    for cell in report["cells"]:
+        counts[cell["status"]] = counts.get(cell["status"], 0) + 1
+    return template.render(
+        report=report,
+        families=report_families(report),
+        version_columns=version_columns(report),
+        plots=plots,
+        status_counts=counts,
+        failures_shown=HTML_FAILURES_SHOWN,
+    )
+
+
+def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+    paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
+    # render everything before writing anything, so a rendering bug cannot leave a mixed set
+    markdown, html = render_markdown(report), render_html(report)
+    write_json(paths["json"], report)
+    atomic_write(paths["md"], markdown)
+    atomic_write(paths["html"], html)
+    return paths
+
+
+# ---------------------------------------------------------------- gdn-matrix report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
+    parser.add_argument(
+        "--matrix", type=Path, help="matrix.yaml naming the cells (default: $GDN_MATRIX, else ./matrix.yaml if present)"
+    )
+    parser.add_argument(
+        "--output", type=Path, metavar="DIR", help="where to write the report (default: the results root's report/)"
+    )
+
+
+def _matrix(path: Path | None) -> Matrix | None:
+    if path is None:
+        path = default_matrix_path()
+        if not path.exists():
+            return None
+    return load_matrix(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        matrix = _matrix(args.matrix)
+    except MatrixConfigError as exc:
+        print(f"gdn-matrix report: error: {exc}", file=sys.stderr)
+        return 2
+    report = build_report(args.results, matrix)
+    paths = write_report(report, args.output or args.results / "report")
+    for path in paths.values():
+        print(path)
+    return 0

@@ -1,0 +1,702 @@
+"""The matrix report: fake results/<cell>/ directories of every outcome (passed, failed on stand-in
+hardware, not run, malformed junit, build failure, timeout, a cell the matrix no longer names) merged
+into report.json, report.md and report.html, and the HTML rendered in headless Chromium."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gdn.matrix import report as report_mod
+from gdn.matrix.config import parse_matrix
+from gdn.matrix.results import CellOutcome, write_json
+from gdn.op_names import OP_NAMES
+
+pytestmark = pytest.mark.tooling
+
+MATRIX = {
+    "schema": 1,
+    "cells": [
+        {
+            "name": "cpu-ok",
+            "device": "cpu",
+            "runtime": "host",
+            "expect": [{"op": "chunk_gated_delta_rule", "backend": "eager"}],
+        },
+        {
+            "name": "npu-fail",
+            "device": "npu",
+            "runtime": "docker",
+            "dockerfile": "docker/npu.Dockerfile",
+            "base_image": "cann:9.1.0",
+            "expect": [{"op": "chunk_gated_delta_rule", "backend": "ascendc"}],
+        },
+        {
+            "name": "npu-absent",
+            "device": "npu",
+            "runtime": "docker",
+            "dockerfile": "docker/npu.Dockerfile",
+            "base_image": "cann:8.5.0",
+            "expect": [{"op": "chunk_gated_delta_rule", "backend": "ascendc", "route": "ascendc:legacy-torch-ops"}],
+        },
+        {"name": "cpu-badjunit", "device": "cpu", "runtime": "host"},
+        {
+            "name": "cuda-build",
+            "device": "cuda",
+            "runtime": "docker",
+            "dockerfile": "docker/cuda.Dockerfile",
+            "base_image": "nvidia/cuda:13.0.1",
+        },
+        {"name": "cpu-timeout", "device": "cpu", "runtime": "host"},
+    ],
+}
+
+CPU_MANIFEST: dict[str, Any] = {
+    "schema": 1,
+    "python": {"version": "3.11.2", "implementation": "CPython"},
+    "torch": {"version": "2.13.0+cpu", "cuda": None},
+    "triton": {
+        "flavour": "triton",
+        "distributions": {"triton": "3.9.0"},
+        "import": {"ok": True, "version": "3.9.0"},
+    },
+    "torch_npu": {"distribution": None, "import": {"ok": False, "error": "ModuleNotFoundError: torch_npu"}},
+    "cann": {"present": False, "toolkit": {"present": False, "reason": "not found"}, "driver": {"present": False}},
+    "fla_npu": {"distribution": None, "import": {"ok": False, "error": "ModuleNotFoundError: fla_npu"}},
+    "fla": {"error": "RuntimeError: broken"},
+    "transformers": {"distribution": {"name": "transformers", "version": "5.24.0"}},
+}
+
+NPU_MANIFEST: dict[str, Any] = {
+    "schema": 1,
+    "python": {"version": "3.12.3"},
+    "torch": {"version": "2.9.0"},
+    # triton-ascend installed but not importable without a driver: the distribution gives the version
+    "triton": {
+        "flavour": "triton-ascend",
+        "distributions": {"triton-ascend": "3.2.1"},
+        "import": {"ok": False, "error": "ImportError: libascendcl.so"},
+    },
+    "torch_npu": {"distribution": {"name": "torch_npu", "version": "2.9.0.post3"}, "import": {"ok": True}},
+    "cann": {
+        "present": True,
+        "toolkit": {"present": True, "version": "9.1.0"},
+        "driver": {"present": True, "version": "25.2.0"},
+    },
+    "fla_npu": {
+        "distribution": {"name": "flash-linear-attention-npu", "version": "26.10.0"},
+        "import": {"ok": True},
+        "api": {"generation": "26.10-stable"},
+    },
+    "fla": {"distribution": None},
+    "transformers": {"distribution": {"name": "transformers", "version": "5.24.0"}},
+}
+
+ASCENDC_REJECTED = "probe: output is all zeros (relative error 1.0 > 0.001)"
+
+
+def _record(op: str, device: str, route: str, rejected: list[tuple[str, str]] = ()) -> dict[str, Any]:
+    return {
+        "op": op,
+        "device": device,
+        "requested_mode": "auto",
+        "backend": route.split(":")[0],
+        "route": route,
+        "strict": False,
+        "probe": None,
+        "rejected": [{"backend": b, "route": None, "reason": r, "probe": None} for b, r in rejected],
+    }
+
+
+CPU_RESOLUTION = [_record(op, "cpu", "eager") for op in OP_NAMES]
+NPU_RESOLUTION = [
+    *CPU_RESOLUTION,
+    _record("chunk_gated_delta_rule", "npu", "eager", [("ascendc", ASCENDC_REJECTED)]),
+    _record("l2norm", "npu", "triton:bundled"),
+    {"op": "fused_gdn_gating", "device": "npu", "error": "GdnBackendError: strict mode"},
+]
+
+BENCH = {
+    "rows": [
+        {"op": "chunk_gated_delta_rule", "impl": "eager", "shape": [1, 4096, 16, 128], "ms": 12.5},
+        {"op": "l2norm", "impl": "eager", "shape": "T=4096", "ms": 0.75},
+        {"op": "l2norm", "impl": "eager", "shape": "T=8", "ms": "n/a"},
+    ]
+}
+
+
+def _case(name: str, family: str, body: str = "") -> str:
+    return (
+        f'<testcase classname="tests.test_ops" name="{name}" time="0.010">'
+        f'<properties><property name="family" value="{family}"/></properties>{body}</testcase>'
+    )
+
+
+def _junit(*cases: str) -> str:
+    return (
+        '<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">'
+        '<testsuite name="pytest" errors="0" failures="0" skipped="0" tests="0" time="1.0" hostname="h">'
+        + "".join(cases)
+        + "</testsuite></testsuites>"
+    )
+
+
+FAILING_JUNIT = _junit(
+    _case("test_probe_runs", "probe"),
+    _case("test_chunk[fp32]", "single_op", '<failure message="AssertionError: rel err 0.9">trace</failure>'),
+    _case("test_grid[T=1]", "shape_grid"),
+    _case("test_grid[T=64]", "shape_grid", '<error message="RuntimeError: ACL error 507015">trace</error>'),
+)
+
+LOG_TAIL = "Step 4/9 : RUN pip install torch\nERROR: No matching distribution for torch==2.11.0\n<b>not bold</b>"
+
+
+def _write_cell(root: Path, outcome: CellOutcome, files: dict[str, Any]) -> None:
+    directory = root / outcome.cell
+    outcome.write(directory)
+    for name, content in files.items():
+        if isinstance(content, str):
+            (directory / name).write_text(content)
+        else:
+            write_json(directory / name, content)
+
+
+# The passing cell's junit.xml is written by pytest itself, family properties included the way
+# tests/conftest.py records them, so the report is checked against what pytest really emits.
+PASSING_TESTS = """
+import pytest
+
+
+def test_probe_runs(record_property):
+    record_property("family", "probe")
+
+
+@pytest.mark.parametrize("dtype", ["fp32"])
+def test_chunk(record_property, dtype):
+    record_property("family", "single_op")
+
+
+def test_l2norm(record_property):
+    record_property("family", "single_op")
+
+
+def test_npu_only(record_property):
+    record_property("family", "single_op")
+    pytest.skip("no npu")
+"""
+
+
+@pytest.fixture(scope="module")
+def passing_junit(tmp_path_factory) -> str:
+    directory = tmp_path_factory.mktemp("pytest-run")
+    (directory / "test_ops.py").write_text(PASSING_TESTS)
+    junit = directory / "junit.xml"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "junit_family=xunit1"]
+    result = subprocess.run(
+        [*command, f"--junitxml={junit}", "test_ops.py"], cwd=directory, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return junit.read_text()
+
+
+@pytest.fixture
+def results_root(tmp_path: Path, passing_junit: str) -> Path:
+    root = tmp_path / "results"
+    _write_cell(
+        root,
+        CellOutcome(cell="cpu-ok", status="passed", device="cpu", runtime="host", duration_s=42.0, exit_code=0),
+        {
+            "manifest.json": CPU_MANIFEST,
+            "resolution.json": CPU_RESOLUTION,
+            "junit.xml": passing_junit,
+            "bench.json": BENCH,
+        },
+    )
+    _write_cell(
+        root,
+        CellOutcome(
+            cell="npu-fail",
+            status="failed",
+            device="npu",
+            runtime="docker",
+            reason="pytest exited 1",
+            image="gdn-matrix/npu-fail:0123abcd",
+            image_built=False,
+            exit_code=1,
+            stand_ins=["torch_npu stub"],
+        ),
+        {"manifest.json": NPU_MANIFEST, "resolution.json": NPU_RESOLUTION, "junit.xml": FAILING_JUNIT},
+    )
+    _write_cell(
+        root,
+        CellOutcome(cell="cpu-badjunit", status="passed", device="cpu", runtime="host", exit_code=0),
+        {"manifest.json": CPU_MANIFEST, "resolution.json": CPU_RESOLUTION, "junit.xml": "<testsuites><testsuite"},
+    )
+    _write_cell(
+        root,
+        CellOutcome(
+            cell="cuda-build",
+            status="build_failed",
+            device="cuda",
+            runtime="docker",
+            reason="docker build exited 1",
+            image="gdn-matrix/cuda-build:feedbeef",
+            image_built=False,
+            log_tail=LOG_TAIL,
+        ),
+        {},
+    )
+    _write_cell(
+        root,
+        CellOutcome(
+            cell="cpu-timeout",
+            status="timeout",
+            device="cpu",
+            runtime="host",
+            reason="timed out after 60 s",
+            duration_s=60.0,
+            exit_code=-9,
+            log_tail="collected 40 items\ntests/test_grpo.py ....",
+        ),
+        {"manifest.json": CPU_MANIFEST},
+    )
+    _write_cell(
+        root,
+        # a CUDA cell run where no GPU was visible: it resolved ops on cpu only
+        CellOutcome(cell="orphan", status="passed", device="cuda", runtime="host"),
+        {"resolution.json": CPU_RESOLUTION},
+    )
+    return root
+
+
+@pytest.fixture
+def report(results_root: Path) -> dict[str, Any]:
+    return report_mod.build_report(results_root, parse_matrix(MATRIX))
+
+
+def _cell(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in report["cells"] if c["name"] == name)
+
+
+NO_VERSIONS = dict.fromkeys(report_mod.VERSION_KEYS)
+CPU_VERSIONS = {
+    **NO_VERSIONS,
+    "python": "3.11.2",
+    "torch": "2.13.0+cpu",
+    "triton": "3.9.0",
+    "triton_flavour": "triton",
+    "transformers": "5.24.0",
+}
+CPU_RESOLUTION_MAP = {op: {"cpu": {"backend": "eager", "route": "eager", "rejected": []}} for op in OP_NAMES}
+
+
+def test_report_header_and_cell_order(report):
+    assert report["schema"] == 1
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", report["generated_at"])
+    assert report["ops"] == list(OP_NAMES)
+    # the matrix's order, then cells the matrix does not name
+    assert [c["name"] for c in report["cells"]] == [
+        "cpu-ok",
+        "npu-fail",
+        "npu-absent",
+        "cpu-badjunit",
+        "cuda-build",
+        "cpu-timeout",
+        "orphan",
+    ]
+
+
+def test_passed_cell(report):
+    assert _cell(report, "cpu-ok") == {
+        "name": "cpu-ok",
+        "status": "passed",
+        "reason": None,
+        "device": "cpu",
+        "runtime": "host",
+        "real_hardware": False,
+        "stand_ins": [],
+        "duration_s": 42.0,
+        "image": None,
+        "image_built": None,
+        "exit_code": 0,
+        "log_tail": None,
+        "versions": CPU_VERSIONS,
+        "resolution": CPU_RESOLUTION_MAP,
+        "families": {
+            "probe": {"passed": 1, "failed": 0, "error": 0, "skipped": 0, "total": 1},
+            "single_op": {"passed": 2, "failed": 0, "error": 0, "skipped": 1, "total": 3},
+        },
+        "failures": [],
+        "bench": BENCH["rows"],
+        "expectations": [
+            {
+                "op": "chunk_gated_delta_rule",
+                "backend": "eager",
+                "route": None,
+                "actual_backend": "eager",
+                "actual_route": "eager",
+                "ok": True,
+            }
+        ],
+        "problems": [],
+    }
+
+
+def test_failed_cell_on_stand_ins(report):
+    cell = _cell(report, "npu-fail")
+    assert (cell["status"], cell["reason"], cell["device"], cell["real_hardware"], cell["stand_ins"]) == (
+        "failed",
+        "pytest exited 1",
+        "npu",
+        False,
+        ["torch_npu stub"],
+    )
+    assert (cell["image"], cell["image_built"], cell["exit_code"]) == ("gdn-matrix/npu-fail:0123abcd", False, 1)
+    assert cell["versions"] == {
+        "python": "3.12.3",
+        "torch": "2.9.0",
+        "triton": "3.2.1",
+        "triton_flavour": "triton-ascend",
+        "torch_npu": "2.9.0.post3",
+        "cann": "9.1.0",
+        "driver": "25.2.0",
+        "fla_npu": "26.10.0",
+        "fla_npu_generation": "26.10-stable",
+        "fla": None,
+        "transformers": "5.24.0",
+    }
+    assert cell["resolution"]["chunk_gated_delta_rule"] == {
+        "cpu": {"backend": "eager", "route": "eager", "rejected": []},
+        "npu": {"backend": "eager", "route": "eager", "rejected": [{"backend": "ascendc", "reason": ASCENDC_REJECTED}]},
+    }
+    assert cell["resolution"]["l2norm"]["npu"] == {"backend": "triton", "route": "triton:bundled", "rejected": []}
+    assert cell["resolution"]["fused_gdn_gating"]["npu"] == {
+        "backend": None,
+        "route": None,
+        "error": "GdnBackendError: strict mode",
+    }
+    assert list(cell["resolution"]) == list(OP_NAMES)
+    assert cell["families"] == {
+        "probe": {"passed": 1, "failed": 0, "error": 0, "skipped": 0, "total": 1},
+        "single_op": {"passed": 0, "failed": 1, "error": 0, "skipped": 0, "total": 1},
+        "shape_grid": {"passed": 1, "failed": 0, "error": 1, "skipped": 0, "total": 2},
+    }
+    assert cell["failures"] == [
+        {
+            "test": "tests.test_ops::test_chunk[fp32]",
+            "family": "single_op",
+            "outcome": "failed",
+            "message": "AssertionError: rel err 0.9",
+        },
+        {
+            "test": "tests.test_ops::test_grid[T=64]",
+            "family": "shape_grid",
+            "outcome": "error",
+            "message": "RuntimeError: ACL error 507015",
+        },
+    ]
+    # judged on the npu, where ascendc was rejected by its probe
+    assert cell["expectations"] == [
+        {
+            "op": "chunk_gated_delta_rule",
+            "backend": "ascendc",
+            "route": None,
+            "actual_backend": "eager",
+            "actual_route": "eager",
+            "ok": False,
+        }
+    ]
+    assert (cell["bench"], cell["problems"]) == (None, [])
+
+
+def test_not_run_cell(report):
+    assert _cell(report, "npu-absent") == {
+        "name": "npu-absent",
+        "status": "not_run",
+        "reason": "no results: the cell was not run",
+        "device": "npu",
+        "runtime": "docker",
+        "real_hardware": False,
+        "stand_ins": [],
+        "duration_s": None,
+        "image": None,
+        "image_built": None,
+        "exit_code": None,
+        "log_tail": None,
+        "versions": NO_VERSIONS,
+        "resolution": {},
+        "families": {},
+        "failures": [],
+        "bench": None,
+        "expectations": [
+            {
+                "op": "chunk_gated_delta_rule",
+                "backend": "ascendc",
+                "route": "ascendc:legacy-torch-ops",
+                "actual_backend": None,
+                "actual_route": None,
+                "ok": False,
+            }
+        ],
+        "problems": [],
+    }
+
+
+def test_malformed_junit_is_named_and_the_rest_of_the_cell_survives(report):
+    cell = _cell(report, "cpu-badjunit")
+    assert cell["status"] == "error"
+    assert len(cell["problems"]) == 1
+    assert cell["problems"][0].startswith("junit.xml is not valid JUnit XML")
+    assert cell["reason"] == f"results unreadable: {cell['problems'][0]}"
+    assert (cell["families"], cell["failures"]) == ({}, [])
+    assert (cell["versions"], cell["resolution"]) == (CPU_VERSIONS, CPU_RESOLUTION_MAP)
+
+
+def test_build_failed_and_timeout_cells(report):
+    build = _cell(report, "cuda-build")
+    assert (build["status"], build["reason"], build["log_tail"]) == ("build_failed", "docker build exited 1", LOG_TAIL)
+    assert (build["image"], build["versions"], build["resolution"], build["families"]) == (
+        "gdn-matrix/cuda-build:feedbeef",
+        NO_VERSIONS,
+        {},
+        {},
+    )
+    timeout = _cell(report, "cpu-timeout")
+    assert (timeout["status"], timeout["reason"], timeout["exit_code"], timeout["duration_s"]) == (
+        "timeout",
+        "timed out after 60 s",
+        -9,
+        60.0,
+    )
+    assert timeout["versions"] == CPU_VERSIONS
+    assert timeout["problems"] == []
+
+
+def test_cell_outside_the_matrix_is_kept(report):
+    orphan = _cell(report, "orphan")
+    assert (orphan["status"], orphan["device"], orphan["expectations"]) == ("passed", "cuda", [])
+    assert orphan["resolution"] == CPU_RESOLUTION_MAP
+
+
+def test_report_without_a_matrix_lists_what_ran(results_root):
+    # a report kept under the results root, as nox keeps results/report/, is not read as a cell
+    report_mod.write_report(report_mod.build_report(results_root), results_root / "report")
+    report = report_mod.build_report(results_root)
+    assert [c["name"] for c in report["cells"]] == sorted(
+        ["cpu-ok", "npu-fail", "cpu-badjunit", "cuda-build", "cpu-timeout", "orphan"]
+    )
+
+
+def test_unreadable_files_and_bad_records_become_problems(tmp_path):
+    root = tmp_path / "results"
+    _write_cell(
+        root,
+        CellOutcome(cell="odd", status="passed", device="cpu", runtime="host"),
+        {"resolution.json": [{"device": "cpu"}, *CPU_RESOLUTION], "bench.json": {"timings": []}},
+    )
+    (root / "nocell").mkdir()
+    (root / "nocell" / "manifest.json").write_text("{not json")
+    report = report_mod.build_report(root)
+    odd, nocell = report["cells"][1], report["cells"][0]
+    assert odd["problems"] == [
+        "resolution record #0 has no op and device: {'device': 'cpu'}",
+        "bench.json has no 'rows' list",
+    ]
+    assert odd["status"] == "error"
+    assert odd["resolution"] == CPU_RESOLUTION_MAP
+    assert (nocell["status"], nocell["reason"]) == ("error", "cell.json is missing: the cell never recorded an outcome")
+    assert nocell["problems"][0] == nocell["reason"]
+    assert nocell["problems"][1].startswith("manifest.json is unreadable: ")
+    assert '<section class="cell s-error" id="cell-nocell"' in report_mod.render_html(report)
+
+
+def test_route_text_marks_fallbacks():
+    entry = {"backend": "eager", "route": "eager", "rejected": [{"backend": "triton", "reason": "x"}]}
+    assert report_mod.route_text(entry) == "eager (triton rejected)"
+    assert report_mod.route_text({"backend": None, "route": None, "error": "boom"}) == "error"
+    assert report_mod.route_text(None) == "—"
+
+
+def _md_section(markdown: str, heading: str) -> str:
+    return markdown.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _md_row(section: str, first: str) -> str:
+    return next(line for line in section.splitlines() if line.startswith(f"| {first} |"))
+
+
+def test_markdown(report):
+    md = report_mod.render_markdown(report)
+    assert md.startswith(f"# gdn-matrix report\n\nGenerated {report['generated_at']}.")
+    cells = _md_section(md, "Cells")
+    assert "| cell | status | device | runtime | duration | reason |" in cells
+    assert (
+        _md_row(cells, "npu-absent")
+        == "| npu-absent | ⚪ not_run | npu | docker | — | no results: the cell was not run |"
+    )
+    assert (
+        _md_row(cells, "cuda-build") == "| cuda-build | 🧱 build_failed | cuda | docker | — | docker build exited 1 |"
+    )
+    assert _md_row(cells, "cpu-timeout") == "| cpu-timeout | ⏱️ timeout | cpu | host | 60 s | timed out after 60 s |"
+
+    routes = _md_section(md, "Resolved backends")
+    assert "| cell | " + " | ".join(OP_NAMES) + " |" in routes
+    assert _md_row(routes, "cpu-ok (cpu)") == "| cpu-ok (cpu) | " + " | ".join(["eager"] * len(OP_NAMES)) + " |"
+    # the npu cell is shown on its npu, where ascendc was rejected and one op failed to resolve
+    npu = _md_row(routes, "npu-fail (npu)")
+    assert npu.startswith("| npu-fail (npu) | eager (ascendc rejected) | — | — | — | — | triton:bundled | error |")
+    assert _md_row(routes, "npu-absent (npu)") == "| npu-absent (npu) | " + " | ".join(["—"] * len(OP_NAMES)) + " |"
+    assert _md_row(routes, "orphan (cpu) †").startswith("| orphan (cpu) † | eager |")
+    assert "† the cell's accelerator was not visible" in routes
+
+    tests = _md_section(md, "Tests")
+    assert "| cell | probe | single_op | shape_grid | grpo |" in tests
+    assert _md_row(tests, "cpu-ok") == "| cpu-ok | 1/1 ✅ | 2/2 (1 skipped) ✅ | — | — |"
+    assert _md_row(tests, "npu-fail") == "| npu-fail | 1/1 ✅ | 0/1 ❌ | 1/2 ❌ | — |"
+    assert _md_row(tests, "npu-absent") == "| npu-absent | not run | not run | not run | not run |"
+
+    versions = _md_section(md, "Versions")
+    assert "| cell | python | torch | triton | triton_flavour | torch_npu | cann | driver | fla_npu |" in versions
+    assert _md_row(versions, "npu-fail").startswith(
+        "| npu-fail | 3.12.3 | 2.9.0 | 3.2.1 | triton-ascend | 2.9.0.post3 |"
+    )
+
+    assert _md_section(md, "Not run") == "\n- **npu-absent**: no results: the cell was not run\n"
+    problems = _md_section(md, "Problems")
+    assert "- **cpu-badjunit**: problem: junit.xml is not valid JUnit XML" in problems
+    assert (
+        "- **npu-fail**: expectation not met: chunk_gated_delta_rule: expected ascendc, resolved eager (eager)"
+        in problems
+    )
+    assert "- **npu-fail**: not run on real npu hardware; stand-ins: torch_npu stub" in problems
+    assert "- **orphan**: not run on real cuda hardware" in problems
+    assert "cuda-build**: not run" not in problems
+    # a cell that was not run is listed under "Not run", not once more per expectation
+    assert "npu-absent" not in problems
+    failures = _md_section(md, "Failures")
+    assert "- `tests.test_ops::test_grid[T=64]` (error): RuntimeError: ACL error 507015" in failures
+    logs = _md_section(md, "Logs")
+    assert "ERROR: No matching distribution for torch==2.11.0" in logs
+    assert "cpu-timeout: log tail" in logs
+
+
+def test_markdown_caps_failures_and_escapes_pipes(report):
+    cell = _cell(report, "npu-fail")
+    cell["failures"] = [
+        {"test": f"t::case{i}", "family": "single_op", "outcome": "failed", "message": "a | b"} for i in range(25)
+    ]
+    md = report_mod.render_markdown(report)
+    assert "- `t::case19` (failed): a \\| b" in md
+    assert "t::case20" not in md
+    assert "- … and 5 more (see report.json)" in md
+
+
+def test_html_caps_failures(report):
+    cell = _cell(report, "npu-fail")
+    cell["failures"] = [
+        {"test": f"t::case{i}", "family": "shape_grid", "outcome": "failed", "message": None} for i in range(205)
+    ]
+    html = report_mod.render_html(report)
+    assert "<code>t::case199</code>" in html
+    assert "t::case200" not in html
+    assert "… and 5 more in report.json" in html
+
+
+def test_bench_svg_skips_untimed_rows():
+    svg = report_mod.bench_svg(BENCH["rows"])
+    assert svg.count("<rect ") == 2
+    assert "chunk_gated_delta_rule · eager · 1×4096×16×128" in svg
+    assert "12.5 ms" in svg
+    assert report_mod.bench_svg([{"op": "x", "ms": None}]) is None
+
+
+def test_write_report_files(report, tmp_path):
+    paths = report_mod.write_report(report, tmp_path / "out")
+    assert json.loads(paths["json"].read_text()) == report
+    assert paths["md"].read_text() == report_mod.render_markdown(report)
+    html = paths["html"].read_text()
+    # self-contained: nothing is fetched from anywhere
+    assert "http" not in html
+    assert "<script" not in html
+    assert "&lt;b&gt;not bold&lt;/b&gt;" in html
+
+
+def _chromium() -> str:
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser:
+        return browser
+    if os.environ.get("GDN_ALLOW_NO_BROWSER") == "1":
+        pytest.skip("chromium is not installed and GDN_ALLOW_NO_BROWSER=1")
+    pytest.fail(
+        "headless Chromium is needed to check report.html: apt-get install -y chromium (or GDN_ALLOW_NO_BROWSER=1)"
+    )
+
+
+def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_html_renders_in_headless_chromium(report, tmp_path):
+    browser = _chromium()
+    html = report_mod.write_report(report, tmp_path / "out")["html"]
+    dom = _headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
+    assert dom.returncode == 0, dom.stderr
+    for cell in report["cells"]:
+        assert f'<section class="cell s-{cell["status"]}" id="cell-{cell["name"]}"' in dom.stdout
+    assert dom.stdout.count('<svg class="bench"') == 1
+    assert re.search(r'<section class="cell s-passed" id="cell-cpu-ok".*?<svg class="bench"', dom.stdout, re.S)
+    assert "junit.xml is not valid JUnit XML" in dom.stdout
+    assert "<b>not bold</b>" not in dom.stdout
+    assert '<span class="warn">(cpu: no cuda visible)</span>' in dom.stdout
+
+    png = tmp_path / "report.png"
+    shot = _headless(browser, tmp_path / "profile", f"--screenshot={png}", "--window-size=1400,2400", html.as_uri())
+    assert shot.returncode == 0, shot.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png.stat().st_size > 20_000
+
+
+def _report_command(*argv: str) -> int:
+    parser = argparse.ArgumentParser()
+    report_mod.add_arguments(parser)
+    return report_mod.run(parser.parse_args(argv))
+
+
+def test_report_command(results_root, tmp_path, capsys):
+    matrix = tmp_path / "matrix.yaml"
+    matrix.write_text(json.dumps(MATRIX))  # JSON is YAML
+    out = tmp_path / "site"
+    assert _report_command("--results", str(results_root), "--matrix", str(matrix), "--output", str(out)) == 0
+    assert capsys.readouterr().out.split() == [str(out / f"report.{ext}") for ext in ("json", "md", "html")]
+    written = json.loads((out / "report.json").read_text())
+    assert [c["name"] for c in written["cells"]][:3] == ["cpu-ok", "npu-fail", "npu-absent"]
+
+    assert _report_command("--results", str(results_root), "--matrix", str(matrix)) == 0
+    assert capsys.readouterr().out.split()[0] == str(results_root / "report" / "report.json")
+
+    matrix.write_text("schema: 1\ncells: [{name: x}]\n")
+    assert _report_command("--results", str(results_root), "--matrix", str(matrix)) == 2
+    assert "cell 'x': key 'device': missing field" in capsys.readouterr().err
