@@ -96,8 +96,13 @@ def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2nor
 
     g_cum = gb.cumsum(-1)  # padding carries g = 0, so the chunk-end decay is the last real token's
     causal = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).tril()
-    # Mask before exp: above the diagonal G_i - G_j is positive and can overflow.
-    decay = (g_cum.unsqueeze(-1) - g_cum.unsqueeze(-2)).masked_fill(~causal, float("-inf")).exp()
+    # Log decays between positions are sums of g over the segment, not differences of cumulative
+    # sums: with strong gates G reaches thousands and G_i - G_j keeps only its absolute precision,
+    # a relative error of 1e-3 on decays near 1. decay[i, j] = exp(sum g over (j, i]), masked above
+    # the diagonal before exp so nothing overflows.
+    rows = torch.where(causal, gb.unsqueeze(-2), 0.0)  # rows[i, t] = g_t for t <= i
+    segment = _exclusive_suffix_sum(rows)  # segment[i, j] = sum of g_t over j < t <= i
+    decay = segment.masked_fill(~causal, float("-inf")).exp()
 
     kk = (kh @ kh.transpose(-1, -2)).unsqueeze(2)
     system = per_value_head(kk * by_group(decay * bb.unsqueeze(-1)))  # diagonal ignored: unitriangular
@@ -107,9 +112,14 @@ def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2nor
     attn = per_value_head((qh @ kh.transpose(-1, -2)).unsqueeze(2) * by_group(decay))
     q_eff = times_keys(qh, g_cum.exp()) - attn @ w
     o_intra = attn @ u
-    g_last = g_cum[..., -1:]
-    k_to_end_t = times_keys(kh, (g_last - g_cum).exp()).transpose(-1, -2)
-    return u, w, q_eff, o_intra, k_to_end_t, g_last.exp().unsqueeze(-1)
+    k_to_end_t = times_keys(kh, _exclusive_suffix_sum(gb).exp()).transpose(-1, -2)
+    return u, w, q_eff, o_intra, k_to_end_t, g_cum[..., -1:].exp().unsqueeze(-1)
+
+
+def _exclusive_suffix_sum(x: torch.Tensor) -> torch.Tensor:
+    """out[..., j] = sum of x[..., t] for t > j, summed from the end (no cancellation)."""
+    suffix = x.flip(-1).cumsum(-1).flip(-1)
+    return torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
 
 
 def chunk_gated_delta_rule(

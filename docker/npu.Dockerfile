@@ -1,0 +1,63 @@
+# The Ascend NPU cells: a CANN image (quay.io/ascend/cann, chosen per cell), torch + torch_npu +
+# triton-ascend at the versions the Ascend/pytorch table pairs with that CANN, the cell's fla_npu
+# wheel from the wheelhouse (on no index), transformers and the pinned test tools.
+# The source is not copied: it is mounted read-only at /src when the cell runs.
+ARG BASE_IMAGE
+FROM ${BASE_IMAGE}
+
+ARG PYTHON_VERSION
+ARG CANN_VERSION
+ARG TORCH_VERSION
+ARG TORCH_NPU_VERSION
+ARG TRITON_ASCEND_VERSION
+ARG FLA_NPU_VERSION
+ARG TRANSFORMERS_VERSION
+# Index settings for air-gapped sites (images.py passes them when set in the environment).
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_TRUSTED_HOST
+
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
+# The host's CA bundle, not the base image's store: a TLS-intercepting proxy's CA is only on the host.
+# GDN_CANN_VERSION records the CANN the cell asked for, beside what the probe finds installed.
+COPY ca-bundle.crt /etc/gdn-matrix/ca-bundle.crt
+ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
+    SSL_CERT_FILE=/etc/gdn-matrix/ca-bundle.crt \
+    REQUESTS_CA_BUNDLE=/etc/gdn-matrix/ca-bundle.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GDN_CANN_VERSION=${CANN_VERSION}
+
+# The CANN image's Python carries CANN's own Python packages, so the stack goes into it (no venv); the
+# image tag names the Python minor, asserted here so that a wrong base fails the build, not the cell.
+# set_env.sh moved between CANN generations: whichever this image has is linked to one known path.
+# The cell command starts `python`, which not every CANN image provides beside python3.
+# The non-root user has a fixed uid so that the host can make the results mount writable for it.
+RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${PYTHON_VERSION}' else f'base image has Python {v}, the cell wants ${PYTHON_VERSION}')" \
+    && for env in /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/cann/set_env.sh; do \
+        if [ -f "$env" ]; then ln -s "$env" /etc/cann-set_env.sh; break; fi; \
+    done \
+    && test -e /etc/cann-set_env.sh \
+    && { command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python; } \
+    && groupadd --gid 10001 gdn \
+    && useradd --create-home --no-log-init --uid 10001 --gid 10001 --shell /bin/bash gdn
+
+COPY wheelhouse/ /wheelhouse/
+COPY requirements-test.txt /etc/gdn-matrix/requirements-test.txt
+# torch from PyTorch's CPU index: torch_npu runs over the CPU build, and its local label outranks a
+# CUDA build of the same version on PyPI. fla_npu comes only from the wheelhouse. The check fails the
+# build, not the cell, when pip resolved anything but the cell's versions.
+RUN python3 -m pip install --no-cache-dir --progress-bar off --find-links /wheelhouse \
+        --extra-index-url https://download.pytorch.org/whl/cpu \
+        "torch==${TORCH_VERSION}" "torch-npu==${TORCH_NPU_VERSION}" "triton-ascend==${TRITON_ASCEND_VERSION}" \
+        "flash-linear-attention-npu==${FLA_NPU_VERSION}" "transformers==${TRANSFORMERS_VERSION}" \
+        -r /etc/gdn-matrix/requirements-test.txt \
+    && python3 -c "import sys; from importlib.metadata import version; a = sys.argv[1:]; bad = {p: version(p) for p, w in zip(a[::2], a[1::2]) if version(p).split('+')[0] != w}; sys.exit(f'installed versions differ from the cell: {bad}' if bad else None)" \
+        torch "${TORCH_VERSION}" torch-npu "${TORCH_NPU_VERSION}" triton-ascend "${TRITON_ASCEND_VERSION}" \
+        flash-linear-attention-npu "${FLA_NPU_VERSION}" transformers "${TRANSFORMERS_VERSION}"
+
+USER 10001:10001
+WORKDIR /home/gdn
+# fla_npu and torch_npu need CANN's environment (library paths, ASCEND_* variables) in the process that
+# imports them: the cell's command runs through this shell, which sources set_env.sh and then execs it.
+ENTRYPOINT ["/bin/bash", "-c", "source /etc/cann-set_env.sh && exec \"$@\"", "--"]

@@ -1,0 +1,408 @@
+"""Container images of the docker cells: a tag that is a content hash of everything a build sees, a
+build that is skipped when that tag exists, and a run with only the devices the cell's kind needs.
+
+The docker SDK is imported only where an engine is used: it belongs to the `matrix` extra, and the
+host runtime (the `local` cell) must work without it."""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import sys
+import tempfile
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gdn.matrix.config import Cell
+
+TAG_REPOSITORY = "gdn-matrix"
+# Index settings for air-gapped sites: build args when set, and so part of the tag.
+PIP_INDEX_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
+# Where the host's /dev, driver and /etc are found; tests point it at a fake tree.
+HOST_ROOT_ENV = "GDN_HOST_ROOT"
+CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
+SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
+REQUIREMENTS = Path("docker/requirements-test.txt")
+
+SRC_MOUNT = "/src"
+RESULTS_MOUNT = "/results"
+RUN_ENV = {"PYTHONPATH": f"{SRC_MOUNT}/src", "PYTHONDONTWRITEBYTECODE": "1"}
+
+NPU_CARD = re.compile(r"davinci(\d+)")
+NPU_CONTROL_DEVICES = ("dev/davinci_manager", "dev/devmm_svm", "dev/hisi_hdc")
+NPU_DRIVER_MOUNTS = (
+    "usr/local/dcmi",
+    "usr/local/bin/npu-smi",
+    "usr/local/Ascend/driver/lib64",
+    "usr/local/Ascend/driver/version.info",
+    "etc/ascend_install.info",
+)
+
+TAIL_LINES = 200
+# The classic builder colours pip's stderr; colour codes only clutter log files and tails.
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+BUILD_STEP = re.compile(r"Step (\d+)/(\d+) : (.*)")
+# How long a container that was killed, or whose log stream ended, gets to report its exit.
+EXIT_WAIT_S = 30
+
+
+class ImageBuildError(RuntimeError):
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass
+class BuildResult:
+    tag: str
+    built: bool
+    log_tail: str
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None
+    timed_out: bool
+    log_tail: str
+
+
+def docker_client() -> tuple[Any | None, str | None]:
+    """(client, None) when an engine answers, else (None, why not) for the cell's not-run record."""
+    where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    try:
+        import docker
+        import requests
+    except ImportError as exc:
+        return None, f"the docker SDK is not installed ({exc}); pip install 'gdn-matrix[matrix]'"
+    try:
+        client = docker.from_env()
+        client.ping()
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        return None, f"no docker engine answers at {where}: {exc}"
+    return client, None
+
+
+def build_args(cell: Cell) -> dict[str, str]:
+    index = {name: os.environ[name] for name in PIP_INDEX_ENV if os.environ.get(name)}
+    return {**cell.build_args, **index}
+
+
+def host_ca_bundle() -> Path:
+    """The CA bundle the host trusts: pip in the image needs it where TLS is intercepted by a proxy
+    whose CA only the host knows. certifi (a dependency of the docker SDK) is the last resort."""
+    override = os.environ.get(CA_BUNDLE_ENV)
+    if override:
+        return Path(override)
+    for bundle in SYSTEM_CA_BUNDLES:
+        if bundle.is_file():
+            return bundle
+    import certifi
+
+    return Path(certifi.where())
+
+
+def context_files(root: Path) -> dict[str, Path]:
+    """The build-context files beside the Dockerfile and the wheels, keyed by their name in the context."""
+    return {"requirements-test.txt": root / REQUIREMENTS, "ca-bundle.crt": host_ca_bundle()}
+
+
+def _wheels(files: dict[str, Path]) -> list[Path]:
+    return sorted((path for key, path in files.items() if key != "dockerfile"), key=lambda path: path.name)
+
+
+def _file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def image_tag(cell: Cell, files: dict[str, Path], context_files: dict[str, Path]) -> str:
+    """`gdn-matrix/<cell>:<12 hex>`: a hash over the Dockerfile, the build args, each wheel's name and
+    content and the other context files, so a tag exists exactly when its image is up to date.
+    Wheels count by name, not by where the wheelhouse lies."""
+    digest = hashlib.sha256()
+
+    def add(*fields: str) -> None:
+        digest.update("\0".join(fields).encode() + b"\n")
+
+    add("dockerfile", _file_digest(files["dockerfile"]))
+    for name, value in sorted(build_args(cell).items()):
+        add("arg", name, value)
+    for wheel in _wheels(files):
+        add("wheel", wheel.name, _file_digest(wheel))
+    for name, path in sorted(context_files.items()):
+        add("context", name, _file_digest(path))
+    return f"{TAG_REPOSITORY}/{cell.name}:{digest.hexdigest()[:12]}"
+
+
+class _LineTail:
+    """Turns streamed text into whole lines for the log callback and keeps the last ones for a report.
+    Locked because a run that gives up on a container adds its note while the log reader may still feed."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        self._log = log
+        self._lines: deque[str] = deque(maxlen=TAIL_LINES)
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def feed(self, text: str) -> None:
+        with self._lock:
+            *complete, self._partial = (self._partial + text).split("\n")
+            for line in complete:
+                self._emit(line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._partial:
+                self._emit(self._partial)
+                self._partial = ""
+
+    def _emit(self, line: str) -> None:
+        line = ANSI_ESCAPE.sub("", line).rstrip("\r")
+        self._lines.append(line)
+        self._log(line)
+
+    @property
+    def text(self) -> str:
+        with self._lock:
+            return "\n".join(self._lines)
+
+
+@contextlib.contextmanager
+def _progress(title: str) -> Iterator[Callable[[str], None]]:
+    """A progress bar over the Dockerfile's steps on a terminal; nothing in a CI log, where the
+    streamed lines already say it. Yields a callback taking each `Step n/m : ...` line."""
+    if not sys.stdout.isatty():
+        yield lambda _line: None
+        return
+    from rich.markup import escape
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(title, total=None)
+
+        def step(line: str) -> None:
+            match = BUILD_STEP.match(line)
+            if match:
+                done, total, instruction = match.groups()
+                description = escape(f"{title}: {instruction[:60]}")  # instructions hold [brackets]
+                bar.update(task, completed=int(done) - 1, total=int(total), description=description)
+
+        yield step
+
+
+def _assemble_context(directory: Path, files: dict[str, Path], extras: dict[str, Path]) -> None:
+    """Dockerfile, context files and a wheelhouse/ holding only this cell's wheels (it may be empty)."""
+    shutil.copyfile(files["dockerfile"], directory / "Dockerfile")
+    for name, path in extras.items():
+        shutil.copyfile(path, directory / name)
+    house = directory / "wheelhouse"
+    house.mkdir()
+    for wheel in _wheels(files):
+        try:
+            os.link(wheel, house / wheel.name)
+        except OSError:  # another filesystem, or links not allowed: wheels are worth copying
+            shutil.copyfile(wheel, house / wheel.name)
+
+
+def _image_exists(client: Any, tag: str) -> bool:
+    import docker
+
+    try:
+        client.api.inspect_image(tag)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _build_text(chunk: dict[str, Any]) -> str:
+    """What a build chunk has to say: builder output, or one line per pull status (progress ticks are dropped)."""
+    if "stream" in chunk:
+        return chunk["stream"]
+    if "status" in chunk and "progress" not in chunk:
+        return f"{chunk.get('id', '')} {chunk['status']}".strip() + "\n"
+    return ""
+
+
+def _summary(error: str) -> str:
+    """The builder's error repeats the whole RUN command; its outcome is enough beside the log tail."""
+    match = re.search(r"returned a non-zero code: \d+", error)
+    return match.group(0) if match else error.strip()
+
+
+def build_image(
+    client: Any, cell: Cell, files: dict[str, Path], root: Path, *, log: Callable[[str], None]
+) -> BuildResult:
+    """Build the cell's image unless its tag exists; the build output goes to `log` line by line."""
+    import docker
+    import requests
+
+    extras = context_files(root)
+    tag = image_tag(cell, files, extras)
+    if _image_exists(client, tag):
+        return BuildResult(tag=tag, built=False, log_tail="")
+    with tempfile.TemporaryDirectory(prefix=f"gdn-build-{cell.name}-") as context, _progress(f"build {tag}") as show:
+        steps = ["the start"]
+
+        def on_line(line: str) -> None:
+            if BUILD_STEP.match(line):
+                steps.append(" ".join(line.split())[:100])  # continuation lines leave runs of blanks
+                show(line)
+            log(line)
+
+        tail = _LineTail(on_line)
+        _assemble_context(Path(context), files, extras)
+        try:
+            chunks = client.api.build(
+                path=context,
+                dockerfile="Dockerfile",
+                tag=tag,
+                buildargs=build_args(cell),
+                network_mode="host",  # the bridge has no NAT here (dockerd --iptables=false)
+                rm=True,
+                forcerm=True,
+                decode=True,
+            )
+            for chunk in chunks:
+                if "error" in chunk:
+                    tail.close()
+                    message = f"building {tag} failed at {steps[-1]}: {_summary(chunk['error'])}"
+                    raise ImageBuildError(message, tail.text)
+                tail.feed(_build_text(chunk))
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            tail.close()
+            raise ImageBuildError(f"building {tag} failed at {steps[-1]}: {exc}", tail.text) from exc
+    tail.close()
+    return BuildResult(tag=tag, built=True, log_tail=tail.text)
+
+
+def _host_root(host_root: Path | None) -> Path:
+    return host_root or Path(os.environ.get(HOST_ROOT_ENV) or "/")
+
+
+def npu_cards(host_root: Path | None = None) -> list[int]:
+    root = _host_root(host_root)
+    found = (NPU_CARD.fullmatch(path.name) for path in (root / "dev").glob("davinci[0-9]*"))
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def _npu_options(root: Path) -> dict[str, Any]:
+    cards = npu_cards(root)
+    devices = [root / "dev" / f"davinci{card}" for card in cards]
+    devices += [root / rel for rel in NPU_CONTROL_DEVICES if (root / rel).exists()]
+    mounts = [rel for rel in NPU_DRIVER_MOUNTS if (root / rel).exists()]
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or ",".join(map(str, cards))
+    # The devices keep the host's owner in the container: usually the driver's HwHiAiUser group,
+    # which the image's non-root user has to join to open them (root's group is never added).
+    groups = sorted({device.stat().st_gid for device in devices} - {0})
+    return {
+        "devices": [f"{device}:/{device.relative_to(root)}:rwm" for device in devices],
+        "volumes": {str(root / rel): {"bind": f"/{rel}", "mode": "ro"} for rel in mounts},
+        "environment": {"ASCEND_RT_VISIBLE_DEVICES": visible} if visible else {},
+        "group_add": [str(gid) for gid in groups],
+    }
+
+
+def _gpu_request() -> Any:
+    from docker.types import DeviceRequest
+
+    return DeviceRequest(count=-1, capabilities=[["gpu"]])
+
+
+def container_options(cell: Cell, host_root: Path | None = None) -> dict[str, Any]:
+    """Keyword arguments for containers.create() that give the cell its device kind and nothing more.
+    `host_root` (default $GDN_HOST_ROOT, else /) is where the host's device nodes and driver files lie."""
+    options: dict[str, Any] = {
+        "devices": [],
+        "device_requests": [],
+        "volumes": {},
+        "environment": {},
+        "group_add": [],
+        "privileged": cell.privileged,
+    }
+    if cell.device == "npu":
+        options.update(_npu_options(_host_root(host_root)))
+    elif cell.device == "cuda":
+        options["device_requests"] = [_gpu_request()]
+    return options
+
+
+def _pump_logs(container: Any, tail: _LineTail) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    try:
+        for chunk in container.logs(stream=True, follow=True):
+            tail.feed(decoder.decode(chunk))
+    except Exception as exc:  # a broken stream belongs in the tail: raising in this thread would lose it
+        tail.close()
+        tail.feed(f"[gdn-matrix: the log stream broke: {exc}]\n")
+    tail.close()
+
+
+def _follow(container: Any, timeout_s: float, tail: _LineTail) -> RunResult:
+    """Stream the logs until the container ends or the cell's time is up; then it is killed."""
+    reader = threading.Thread(target=_pump_logs, args=(container, tail), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if reader.is_alive():
+        with contextlib.suppress(Exception):  # it may have ended in the meantime
+            container.kill()
+        reader.join(EXIT_WAIT_S)
+        tail.close()
+        tail.feed(f"[gdn-matrix: killed after the cell's timeout of {timeout_s:g} s]\n")
+        return RunResult(exit_code=None, timed_out=True, log_tail=tail.text)
+    status = container.wait(timeout=EXIT_WAIT_S)
+    return RunResult(exit_code=int(status["StatusCode"]), timed_out=False, log_tail=tail.text)
+
+
+def run_container(
+    client: Any,
+    cell: Cell,
+    tag: str,
+    *,
+    root: Path,
+    out_dir: Path,
+    command: list[str],
+    log: Callable[[str], None],
+) -> RunResult:
+    """Run `command` in the cell's image: source read-only at /src, `out_dir` at /results, no network
+    (a test that reaches out should fail, not hang), the cell's devices, its timeout. `log` gets each
+    line as it comes, from a reader thread. A container that cannot start gives exit_code None."""
+    import docker
+    import requests
+
+    options = container_options(cell)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The image's user (uid 10001) is not the host's user, yet must write the results.
+    out_dir.chmod(0o777)
+    volumes = {
+        **options.pop("volumes"),
+        str(root.resolve()): {"bind": SRC_MOUNT, "mode": "ro"},
+        str(out_dir.resolve()): {"bind": RESULTS_MOUNT, "mode": "rw"},
+    }
+    environment = {**options.pop("environment"), **RUN_ENV, **cell.env}
+    tail = _LineTail(log)
+    container = None
+    try:
+        container = client.containers.create(
+            tag, command, volumes=volumes, environment=environment, network_mode="none", **options
+        )
+        container.start()
+        return _follow(container, cell.timeout_s, tail)
+    except (docker.errors.DockerException, requests.RequestException) as exc:
+        tail.close()
+        tail.feed(f"[gdn-matrix: the container failed: {exc}]\n")
+        return RunResult(exit_code=None, timed_out=False, log_tail=tail.text)
+    finally:
+        if container is not None:
+            with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
+                container.remove(force=True)

@@ -1,0 +1,345 @@
+"""gdn.matrix.images without a docker engine: content-hash tags, device passthrough per device kind
+against a fake host tree, and build/run driven through a fake client."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gdn.matrix import images
+from gdn.matrix.config import Cell, Versions
+
+pytestmark = pytest.mark.tooling
+# Cell images collect tests/ too (then deselect by marker) and carry no docker SDK.
+docker = pytest.importorskip("docker", reason="the docker SDK (the matrix extra) is not installed")
+
+WHEEL = "fla_npu-26.10.0-py3-none-any.whl"
+
+
+def make_cell(device: str = "cpu", **changes: Any) -> Cell:
+    fields: dict[str, Any] = {
+        "name": f"{device}-cell",
+        "device": device,
+        "runtime": "docker",
+        "dockerfile": f"docker/{device}.Dockerfile",
+        "base_image": "base:1",
+        "versions": Versions(python="3.11", torch="2.13.0"),
+        "wheels": (WHEEL,),
+        "timeout_s": 60,
+    }
+    return Cell(**{**fields, **changes})
+
+
+@pytest.fixture
+def inputs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """A Dockerfile and a wheel (the cell's files) and the other context files, all on disk."""
+    (tmp_path / "wheelhouse").mkdir()
+    files = {"dockerfile": tmp_path / "cpu.Dockerfile", "wheels[0]": tmp_path / "wheelhouse" / WHEEL}
+    files["dockerfile"].write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n")
+    files["wheels[0]"].write_bytes(b"wheel v1")
+    extras = {"requirements-test.txt": tmp_path / "requirements-test.txt", "ca-bundle.crt": tmp_path / "ca.crt"}
+    extras["requirements-test.txt"].write_text("pytest==9.2.0\n")
+    extras["ca-bundle.crt"].write_text("-----BEGIN CERTIFICATE-----\n")
+    return files, extras
+
+
+@pytest.fixture(autouse=True)
+def _no_index_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*images.PIP_INDEX_ENV, "ASCEND_RT_VISIBLE_DEVICES", images.HOST_ROOT_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_tag_is_a_stable_content_hash(inputs, tmp_path: Path) -> None:
+    files, extras = inputs
+    tag = images.image_tag(make_cell(), files, extras)
+    assert re.fullmatch(r"gdn-matrix/cpu-cell:[0-9a-f]{12}", tag)
+    assert images.image_tag(make_cell(), files, extras) == tag
+    # The same wheel from another wheelhouse: same content, same image.
+    moved = tmp_path / "elsewhere" / WHEEL
+    moved.parent.mkdir()
+    shutil.copyfile(files["wheels[0]"], moved)
+    assert images.image_tag(make_cell(), {**files, "wheels[0]": moved}, extras) == tag
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["dockerfile", "version", "base_image", "wheel_content", "wheel_name", "requirements", "ca_bundle", "index_url"],
+)
+def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monkeypatch, change: str) -> None:
+    files, extras = inputs
+    cell = make_cell()
+    before = images.image_tag(cell, files, extras)
+    if change == "dockerfile":
+        files["dockerfile"].write_text(files["dockerfile"].read_text() + "RUN true\n")
+    elif change == "version":
+        cell = make_cell(versions=Versions(python="3.11", torch="2.12.0"))
+    elif change == "base_image":
+        cell = make_cell(base_image="base:2")
+    elif change == "wheel_content":
+        files["wheels[0]"].write_bytes(b"wheel v2")
+    elif change == "wheel_name":
+        renamed = files["wheels[0]"].with_name("fla_npu-26.10.1-py3-none-any.whl")
+        files["wheels[0]"].rename(renamed)
+        files["wheels[0]"] = renamed
+    elif change == "requirements":
+        extras["requirements-test.txt"].write_text("pytest==9.1.0\n")
+    elif change == "ca_bundle":
+        extras["ca-bundle.crt"].write_text("another CA\n")
+    elif change == "index_url":
+        monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
+    assert images.image_tag(cell, files, extras) != before
+
+
+def test_index_settings_are_build_args_only_when_set(monkeypatch) -> None:
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
+    expected = {"BASE_IMAGE": "base:1", "PYTHON_VERSION": "3.11", "TORCH_VERSION": "2.13.0"}
+    assert images.build_args(make_cell()) == expected
+    monkeypatch.setenv("PIP_TRUSTED_HOST", "mirror.example")
+    assert images.build_args(make_cell())["PIP_TRUSTED_HOST"] == "mirror.example"
+
+
+def test_context_files_are_the_pins_and_the_host_ca_bundle(tmp_path: Path, monkeypatch) -> None:
+    bundle = tmp_path / "proxy-ca.crt"
+    bundle.write_text("ca")
+    monkeypatch.setenv(images.CA_BUNDLE_ENV, str(bundle))
+    assert images.context_files(tmp_path) == {
+        "requirements-test.txt": tmp_path / "docker" / "requirements-test.txt",
+        "ca-bundle.crt": bundle,
+    }
+
+
+def fake_host(root: Path, cards: tuple[int, ...] = (0, 1), driver: bool = True) -> Path:
+    """An Ascend host tree: card nodes, control nodes and driver files as plain files, plus decoys."""
+    for card in cards:
+        (root / "dev" / f"davinci{card}").parent.mkdir(parents=True, exist_ok=True)
+        (root / "dev" / f"davinci{card}").touch()
+    for name in ("davinci_manager", "devmm_svm", "hisi_hdc", "nvidia0", "davinci_extra", "sda"):
+        (root / "dev" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "dev" / name).touch()
+    if driver:
+        for directory in ("usr/local/dcmi", "usr/local/Ascend/driver/lib64", "usr/local/bin", "etc"):
+            (root / directory).mkdir(parents=True, exist_ok=True)
+        for file in ("usr/local/bin/npu-smi", "usr/local/Ascend/driver/version.info", "etc/ascend_install.info"):
+            (root / file).touch()
+    return root
+
+
+def test_npu_gets_exactly_its_devices_and_driver_mounts(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, cards=(0, 1))
+    options = images.container_options(make_cell("npu"), host_root=root)
+    assert options["devices"] == [
+        f"{root}/dev/davinci0:/dev/davinci0:rwm",
+        f"{root}/dev/davinci1:/dev/davinci1:rwm",
+        f"{root}/dev/davinci_manager:/dev/davinci_manager:rwm",
+        f"{root}/dev/devmm_svm:/dev/devmm_svm:rwm",
+        f"{root}/dev/hisi_hdc:/dev/hisi_hdc:rwm",
+    ]
+    assert options["volumes"] == {
+        f"{root}/{path}": {"bind": f"/{path}", "mode": "ro"}
+        for path in (
+            "usr/local/dcmi",
+            "usr/local/bin/npu-smi",
+            "usr/local/Ascend/driver/lib64",
+            "usr/local/Ascend/driver/version.info",
+            "etc/ascend_install.info",
+        )
+    }
+    assert options["environment"] == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    assert options["device_requests"] == []
+    assert options["privileged"] is False
+
+
+def test_npu_cards_in_numeric_order_and_only_existing_driver_files(tmp_path: Path) -> None:
+    root = fake_host(tmp_path, cards=(10, 2), driver=False)
+    options = images.container_options(make_cell("npu"), host_root=root)
+    assert [d.split(":")[1] for d in options["devices"]][:2] == ["/dev/davinci2", "/dev/davinci10"]
+    assert options["volumes"] == {}
+    assert options["environment"] == {"ASCEND_RT_VISIBLE_DEVICES": "2,10"}
+
+
+def test_npu_visible_devices_from_the_host_environment(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "1")
+    monkeypatch.setenv(images.HOST_ROOT_ENV, str(fake_host(tmp_path)))
+    assert images.container_options(make_cell("npu"))["environment"] == {"ASCEND_RT_VISIBLE_DEVICES": "1"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give the fake devices another group")
+def test_npu_container_user_joins_the_device_group(tmp_path: Path) -> None:
+    root = fake_host(tmp_path)
+    for name in ("davinci0", "davinci1", "davinci_manager"):
+        os.chown(root / "dev" / name, -1, 1234)
+    assert images.container_options(make_cell("npu"), host_root=root)["group_add"] == ["1234"]
+
+
+def test_cuda_gets_a_gpu_request_and_no_devices(tmp_path: Path) -> None:
+    options = images.container_options(make_cell("cuda"), host_root=fake_host(tmp_path))
+    [request] = options["device_requests"]
+    assert isinstance(request, docker.types.DeviceRequest)
+    assert (request.count, request.capabilities) == (-1, [["gpu"]])
+    assert (options["devices"], options["volumes"], options["environment"]) == ([], {}, {})
+    assert options["privileged"] is False
+
+
+def test_cpu_gets_nothing_and_privileged_only_on_request(tmp_path: Path) -> None:
+    root = fake_host(tmp_path)
+    assert images.container_options(make_cell("cpu"), host_root=root) == {
+        "devices": [],
+        "device_requests": [],
+        "volumes": {},
+        "environment": {},
+        "group_add": [],
+        "privileged": False,
+    }
+    assert images.container_options(make_cell("cpu", privileged=True), host_root=root)["privileged"] is True
+
+
+def test_docker_client_says_why_when_no_engine_answers(tmp_path: Path, monkeypatch) -> None:
+    socket = f"unix://{tmp_path}/dead.sock"
+    monkeypatch.setenv("DOCKER_HOST", socket)
+    client, reason = images.docker_client()
+    assert client is None
+    assert reason.startswith(f"no docker engine answers at {socket}: ")
+
+
+class FakeAPI:
+    def __init__(self, chunks: list[dict[str, Any]], existing: set[str] = frozenset()) -> None:
+        self.chunks, self.existing, self.builds = chunks, existing, []
+
+    def inspect_image(self, tag: str) -> dict:
+        if tag not in self.existing:
+            raise docker.errors.ImageNotFound(tag)
+        return {}
+
+    def build(self, **kwargs: Any):
+        context = Path(kwargs["path"])
+        self.builds.append({**kwargs, "context": sorted(str(p.relative_to(context)) for p in context.rglob("*"))})
+        yield from self.chunks
+
+
+class FakeClient:
+    def __init__(self, api: FakeAPI | None = None, container: Any = None) -> None:
+        self.api, self.container, self.created = api, container, {}
+        self.containers = self
+
+    def create(self, image: str, command: list[str], **kwargs: Any) -> Any:
+        self.created = {"image": image, "command": command, **kwargs}
+        return self.container
+
+
+def test_build_streams_lines_from_a_context_of_only_the_cell_inputs(inputs, tmp_path: Path, monkeypatch) -> None:
+    files, extras = inputs
+    (tmp_path / "wheelhouse" / "other.whl").write_bytes(b"not this cell's")
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    api = FakeAPI([{"stream": "Step 1/2 : ARG BASE_IMAGE\nStep 2/2 : FR"}, {"stream": "OM base\n"}, {"aux": {}}])
+    lines: list[str] = []
+    result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lines.append)
+    assert result.built and result.tag == images.image_tag(make_cell(), files, extras)
+    assert lines == ["Step 1/2 : ARG BASE_IMAGE", "Step 2/2 : FROM base"]
+    [build] = api.builds
+    context = ["Dockerfile", "ca-bundle.crt", "requirements-test.txt", "wheelhouse", f"wheelhouse/{WHEEL}"]
+    assert build["context"] == context
+    assert (build["network_mode"], build["decode"], build["tag"]) == ("host", True, result.tag)
+    assert build["buildargs"] == images.build_args(make_cell())
+
+
+def test_build_is_skipped_when_the_tag_exists(inputs, tmp_path: Path, monkeypatch) -> None:
+    files, extras = inputs
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    api = FakeAPI([], existing={images.image_tag(make_cell(), files, extras)})
+    result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=print)
+    assert (result.built, api.builds) == (False, [])
+
+
+def test_build_failure_raises_with_the_log_tail(inputs, tmp_path: Path, monkeypatch) -> None:
+    files, extras = inputs
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    api = FakeAPI(
+        [
+            {"stream": "Step 5/9 : RUN pip install torch==9\n"},
+            {"stream": "\x1b[91mERROR: no torch==9\n"},  # the builder colours stderr
+            {"error": "The command 'pip install torch==9' returned a non-zero code: 1"},
+        ]
+    )
+    expected = r"at Step 5/9 : RUN pip install torch==9: returned a non-zero code: 1$"
+    with pytest.raises(images.ImageBuildError, match=expected) as failure:
+        images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
+    assert failure.value.log_tail.splitlines() == ["Step 5/9 : RUN pip install torch==9", "ERROR: no torch==9"]
+
+
+class FakeContainer:
+    """Prints its lines, then exits with `code`, or hangs until killed when `code` is None."""
+
+    def __init__(self, lines: list[bytes], code: int | None) -> None:
+        self.lines, self.code = lines, code
+        self.killed, self.removed = threading.Event(), False
+
+    def start(self) -> None:
+        pass
+
+    def logs(self, stream: bool, follow: bool):
+        yield from self.lines
+        if self.code is None:
+            self.killed.wait()
+
+    def kill(self) -> None:
+        self.killed.set()
+
+    def wait(self, timeout: float) -> dict:
+        return {"StatusCode": self.code}
+
+    def remove(self, force: bool) -> None:
+        self.removed = True
+
+
+def test_run_mounts_source_read_only_and_results_writable(tmp_path: Path) -> None:
+    container = FakeContainer([b"1.0\n", b"caf\xc3", b"\xa9\n"], code=0)
+    client = FakeClient(container=container)
+    lines: list[str] = []
+    cell = make_cell(env={"GDN_STRICT": "1"})
+    out = tmp_path / "out"
+    result = images.run_container(client, cell, "t:1", root=tmp_path, out_dir=out, command=["python"], log=lines.append)
+    assert (result.exit_code, result.timed_out, lines) == (0, False, ["1.0", "café"])
+    assert client.created["volumes"] == {
+        str(tmp_path): {"bind": "/src", "mode": "ro"},
+        str(out): {"bind": "/results", "mode": "rw"},
+    }
+    environment = {"PYTHONPATH": "/src/src", "PYTHONDONTWRITEBYTECODE": "1", "GDN_STRICT": "1"}
+    assert client.created["environment"] == environment
+    assert client.created["network_mode"] == "none"
+    assert out.stat().st_mode & 0o777 == 0o777
+    assert container.removed
+
+
+def test_run_past_the_timeout_is_killed_and_keeps_its_log(tmp_path: Path) -> None:
+    container = FakeContainer([b"started\n", b"half a li"], code=None)
+    result = images.run_container(
+        FakeClient(container=container),
+        make_cell(timeout_s=1),
+        "t:1",
+        root=tmp_path,
+        out_dir=tmp_path / "out",
+        command=["sleep", "9"],
+        log=lambda line: None,
+    )
+    assert (result.exit_code, result.timed_out) == (None, True)
+    assert result.log_tail.startswith("started\nhalf a li\n")
+    assert "timeout" in result.log_tail
+    assert container.killed.is_set() and container.removed
+
+
+def test_run_that_cannot_start_reports_why(tmp_path: Path) -> None:
+    class Refusing(FakeClient):
+        def create(self, image: str, command: list[str], **kwargs: Any) -> Any:
+            raise docker.errors.APIError("error gathering device information for /dev/davinci0")
+
+    result = images.run_container(
+        Refusing(), make_cell(), "t:1", root=tmp_path, out_dir=tmp_path / "out", command=["x"], log=lambda line: None
+    )
+    assert (result.exit_code, result.timed_out) == (None, False)
+    assert "/dev/davinci0" in result.log_tail

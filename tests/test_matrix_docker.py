@@ -1,0 +1,118 @@
+"""Docker cells that break: a build that fails, a container that exits non-zero, one that hangs past
+its timeout. Each ends in a report that names the failure while the other cells' results survive,
+and an unchanged image is not rebuilt.
+
+These need a docker engine and the local base image (docker/start-dockerd.sh,
+docker/make-base-image.sh); .ci/run provides both and sets GDN_DOCKER_TESTS=1, which turns a missing
+engine into a failure instead of a skip."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gdn.matrix.cell import run_cell
+from gdn.matrix.config import parse_matrix
+from gdn.matrix.report import build_report
+
+pytestmark = pytest.mark.tooling
+
+BASE_IMAGE = "gdn-matrix/bookworm-python:local"
+DOCKERFILES = {
+    "build-fails": "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo 'about to fail' && false\n",
+    # the base image has python3 but no `python`: the cell entry cannot start
+    "exits-nonzero": "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN useradd -m cell\nUSER cell\n",
+    "hangs": (
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n"
+        "RUN printf '#!/bin/sh\\necho started; exec sleep 600\\n' > /usr/local/bin/python"
+        " && chmod +x /usr/local/bin/python\n"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from gdn.matrix.images import docker_client
+
+    client, reason = docker_client()
+    if client is None:
+        if os.environ.get("GDN_DOCKER_TESTS") == "1":
+            pytest.fail(f"GDN_DOCKER_TESTS=1 but no docker engine: {reason}")
+        pytest.skip(f"no docker engine ({reason}); .ci/run starts one and sets GDN_DOCKER_TESTS=1")
+    try:
+        client.images.get(BASE_IMAGE)
+    except Exception as exc:
+        pytest.fail(f"docker engine without the base image {BASE_IMAGE}: run docker/make-base-image.sh ({exc})")
+    return client
+
+
+def docker_cell(name: str, **extra) -> dict:
+    return {
+        "name": name,
+        "device": "cpu",
+        "runtime": "docker",
+        "dockerfile": f"docker/{name}.Dockerfile",
+        "base_image": BASE_IMAGE,
+        "families": ["probe"],
+        **extra,
+    }
+
+
+def source_tree(tmp_path: Path) -> Path:
+    root = tmp_path / "src"
+    (root / "docker").mkdir(parents=True)
+    (root / "tests").mkdir()
+    (root / "docker" / "requirements-test.txt").write_text("")  # part of every image's build context
+    for name, text in DOCKERFILES.items():
+        (root / "docker" / f"{name}.Dockerfile").write_text(text)
+    return root
+
+
+def test_broken_cells_are_reported_and_spare_the_others(engine, tmp_path):
+    root, results = source_tree(tmp_path), tmp_path / "results"
+    matrix = parse_matrix(
+        {
+            "schema": 1,
+            "cells": [
+                docker_cell("build-fails"),
+                docker_cell("exits-nonzero"),
+                docker_cell("hangs", timeout_s=15),
+            ],
+        }
+    )
+    survivor = results / "survivor"
+    survivor.mkdir(parents=True)
+    (survivor / "cell.json").write_text(
+        json.dumps({"cell": "survivor", "status": "passed", "device": "cpu", "runtime": "host"})
+    )
+    kept = (survivor / "cell.json").read_bytes()
+
+    outcomes = {c.name: run_cell(matrix, c, root, results, echo=lambda line: None) for c in matrix.cells}
+
+    assert outcomes["build-fails"].status == "build_failed"
+    assert "about to fail" in outcomes["build-fails"].log_tail
+    assert outcomes["exits-nonzero"].status == "error" and outcomes["exits-nonzero"].image
+    assert "exited with status" in outcomes["exits-nonzero"].reason
+    assert outcomes["hangs"].status == "timeout" and "started" in outcomes["hangs"].log_tail
+    assert outcomes["hangs"].duration_s < 120
+    assert (survivor / "cell.json").read_bytes() == kept
+
+    report = {c["name"]: c for c in build_report(results, matrix)["cells"]}
+    assert report["build-fails"]["status"] == "build_failed"
+    assert report["exits-nonzero"]["status"] == "error" and "exited with status" in report["exits-nonzero"]["reason"]
+    assert report["hangs"]["status"] == "timeout"
+    assert report["survivor"]["status"] == "passed"
+
+
+def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
+    root, results = source_tree(tmp_path), tmp_path / "results"
+    matrix = parse_matrix({"schema": 1, "cells": [docker_cell("exits-nonzero")]})
+    first = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    second = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    assert first.image == second.image and second.image_built is False
+    (root / "docker" / "exits-nonzero.Dockerfile").write_text(DOCKERFILES["exits-nonzero"] + "ENV CHANGED=1\n")
+    third = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    assert third.image != first.image and third.image_built is True
