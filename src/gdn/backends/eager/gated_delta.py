@@ -101,7 +101,8 @@ def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2nor
     # a relative error of 1e-3 on decays near 1. decay[i, j] = exp(sum g over (j, i]), masked above
     # the diagonal before exp so nothing overflows.
     rows = torch.where(causal, gb.unsqueeze(-2), 0.0)  # rows[i, t] = g_t for t <= i
-    segment = _exclusive_suffix_sum(rows)  # segment[i, j] = sum of g_t over j < t <= i
+    after = torch.ones(CHUNK, CHUNK, device=q.device).tril(-1)  # after[t, j] = 1 where t > j
+    segment = rows @ after  # segment[i, j] = sum of g_t over j < t <= i (one matmul, no cancellation)
     decay = segment.masked_fill(~causal, float("-inf")).exp()
 
     kk = (kh @ kh.transpose(-1, -2)).unsqueeze(2)
