@@ -260,3 +260,13 @@ def test_unreadable_report_exits_2_naming_the_file(tmp_path, capsys, content, me
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("gdn-matrix diff: error: " + message.format(path=bad))
+
+
+def test_skip_not_run_leaves_cells_a_fork_could_not_run_out_of_the_comparison():
+    old = _report(_cell("npu-2610", status="passed"), _cell("cpu", status="passed"))
+    new = _report(_cell("npu-2610", status="not_run"), _cell("cpu", status="failed"))
+    assert "npu-2610: status passed → not_run" in diff_mod.diff_reports(old, new).regressions
+    diff = diff_mod.diff_reports(old, new, skip_not_run=True)
+    assert diff.not_compared == ["npu-2610"]
+    assert diff.regressions == ["cpu: status passed → failed"]
+    assert "### Not compared (not run in the new report)\n\n- npu-2610\n" in diff.to_markdown()

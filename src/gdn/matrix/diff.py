@@ -111,6 +111,7 @@ class ReportDiff:
     version_changes: list[VersionChange] = field(default_factory=list)
     cells_added: list[str] = field(default_factory=list)
     cells_removed: list[str] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
     expectation_violations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
@@ -259,15 +260,20 @@ def diff_reports(
     *,
     slowdown_threshold: float = DEFAULT_THRESHOLD,
     route_changes_regress: bool = False,
+    skip_not_run: bool = False,
 ) -> ReportDiff:
     """What changed from old to new. A backend moving to another backend is a regression; a change of
     route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
-    route_changes_regress."""
+    route_changes_regress. With skip_not_run, cells the new report did not run (e.g. self-hosted cells
+    skipped for a fork's pull request) are listed as not compared instead of regressing."""
     diff = ReportDiff(threshold=slowdown_threshold)
     before, after = _cells(old), _cells(new)
     diff.cells_added = [name for name in after if name not in before]
     diff.cells_removed = [name for name in before if name not in after]
     for name, cell in after.items():
+        if skip_not_run and cell.get("status") == "not_run":
+            diff.not_compared.append(name)
+            continue
         if name in before:
             _compare_cell(diff, name, before[name], cell)
         diff.expectation_violations += _violations(cell)
@@ -312,6 +318,7 @@ def render_markdown(diff: ReportDiff) -> str:
     version_rows = [[v.cell, v.package, v.old, v.new] for v in diff.version_changes]
     lines += _section("Versions", md_table(["cell", "package", "old", "new"], version_rows) if version_rows else [])
     lines += _section("Cells added", _bullets(diff.cells_added))
+    lines += _section("Not compared (not run in the new report)", _bullets(diff.not_compared))
     lines += _section("Cells removed", _bullets(diff.cells_removed))
     lines += _section(
         "Expectations not met", _bullets([f"{name}: {expectation_text(e)}" for name, e in diff.expectation_violations])
@@ -355,6 +362,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also count a change of route within the same backend as a regression",
     )
+    parser.add_argument(
+        "--skip-not-run",
+        action="store_true",
+        help="do not compare cells the new report did not run (e.g. self-hosted cells skipped for a fork)",
+    )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the Markdown to FILE")
 
@@ -365,7 +377,13 @@ def run(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
         return 2
-    diff = diff_reports(old, new, slowdown_threshold=args.threshold, route_changes_regress=args.route_changes_regress)
+    diff = diff_reports(
+        old,
+        new,
+        slowdown_threshold=args.threshold,
+        route_changes_regress=args.route_changes_regress,
+        skip_not_run=args.skip_not_run,
+    )
     markdown = diff.to_markdown()
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
