@@ -36,7 +36,7 @@ REPORT = RESULTS / "report"
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 EXIT_NOT_RUN = 3  # gdn.matrix.cli: the cell could not run here
 
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["lint", "tests", "kernels"]
 nox.options.default_venv_backend = "venv"
 
 
@@ -53,6 +53,22 @@ def tests(session: nox.Session) -> None:
     """The project's test suite on CPU (pytest-xdist across the cores)."""
     install_project(session, "test,matrix")
     session.run("pytest", "-n", workers(), *session.posargs)
+
+
+# The Triton versions the matrix carries: triton-ascend's 3.2, the GPU stack's 3.6 and the index's
+# latest, 3.9 (no block pointers). The kernels run under TRITON_INTERPRET=1 on the CPU.
+TRITON_VERSIONS = ["3.2.0", "3.6.0", "3.9.0"]
+
+
+@nox.session
+@nox.parametrize("triton", TRITON_VERSIONS)
+def kernels(session: nox.Session, triton: str) -> None:
+    """The bundled Triton kernels' tests under the Triton interpreter, for each Triton version."""
+    install_project(session, "test")
+    session.install("-c", CPU_CONSTRAINTS, f"triton=={triton}")
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_triton_*.py"))
+    files.append("tests/test_fla_backend.py")
+    session.run("pytest", "-n", workers(), *files, *session.posargs, env={"TRITON_INTERPRET": "1"})
 
 
 @nox.session

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,9 @@ def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
     first = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
     second = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
     assert first.image == second.image and second.image_built is False
-    (root / "docker" / "exits-nonzero.Dockerfile").write_text(DOCKERFILES["exits-nonzero"] + "ENV CHANGED=1\n")
+    # a change never built before on this engine (a fixed one would be cached by an earlier run)
+    (root / "docker" / "exits-nonzero.Dockerfile").write_text(
+        DOCKERFILES["exits-nonzero"] + f"ENV CHANGED={uuid.uuid4().hex}\n"
+    )
     third = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
     assert third.image != first.image and third.image_built is True

@@ -678,3 +678,35 @@ def test_unregistering_the_selected_mode_does_not_leave_a_bare_keyerror():
     else:  # acceptable too: the override was dropped with the backend
         assert gdn.compute_mode() != "good"
         torch.testing.assert_close(out, eager_reference(OTHER_OP, dict(x=x)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# forward-only backends (inference kernels)
+
+
+def test_forward_only_backend_serves_inference_and_leaves_training_calls_to_eager(caplog):
+    calls = []
+
+    def inference_l2norm(x, eps):
+        if torch.is_grad_enabled() and x.requires_grad:
+            raise NotImplementedError("forward only")
+        calls.append(x.shape)
+        return EAGER.ops[OTHER_OP](x, eps)
+
+    backend = Backend(name="infer", ops={OTHER_OP: inference_l2norm}, forward_only=frozenset({OTHER_OP}))
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("infer")
+    x = torch.randn(3, 16)
+    with caplog.at_level(logging.INFO, logger="gdn"):
+        y = gdn.l2norm(x)  # no gradient needed: the backend runs
+        leaf = x.clone().requires_grad_()
+        gdn.l2norm(leaf).sum().backward()  # needs gradients: eager runs this call
+        gdn.l2norm(x.clone().requires_grad_()).sum().backward()
+    rec = record_of(OTHER_OP)
+    assert rec["backend"] == "infer" and rec["forward_only"] is True and rec["probe"]["passed"] is True
+    assert not any(k.startswith("dx") for k in rec["probe"]["rel_err"]), "probed without gradients"
+    assert len(calls) == 1 + 1  # the probe's forward and the inference call
+    torch.testing.assert_close(y, eager_reference(OTHER_OP, dict(x=x)))
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    fallback_lines = [r for r in caplog.records if "forward-only" in r.getMessage()]
+    assert len(fallback_lines) == 1

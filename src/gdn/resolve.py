@@ -52,6 +52,7 @@ class Resolution:
     strict: bool
     rejected: list[Rejection] = field(default_factory=list)
     probe: dict[str, Any] | None = None
+    forward_only: bool = False
     fn: Callable | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
@@ -63,6 +64,7 @@ class Resolution:
             "route": self.route,
             "strict": self.strict,
             "probe": self.probe,
+            "forward_only": self.forward_only,
             "rejected": [vars(r) for r in self.rejected],
         }
 
@@ -161,13 +163,14 @@ def _decide(op: str, device: torch.device, mode: str) -> Resolution:
             reason = f"does not implement {op}"
         route = None if reason else backend.route_of(op)
         probe = None
+        forward_only = op in backend.forward_only
         if reason is None and backend.needs_probe:
-            report = probe_op(op, fn, device, backend.probe_tolerance.get(op))
+            report = probe_op(op, fn, device, backend.probe_tolerance.get(op), with_grad=not forward_only)
             probe = report.record()
             if not report.passed:
                 reason = f"numeric probe failed: {report.reason}"
         if reason is None:
-            return Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, fn)
+            return Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
         rejected.append(Rejection(backend.name, route, reason, probe))
         if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):
             raise GdnBackendError(
@@ -201,6 +204,22 @@ def resolve(op: str, device: torch.device | str) -> Resolution:
             _cache[key] = res
             _log_decision(res)
         return res
+
+
+_training_fallbacks: set[tuple[str, str, str]] = set()
+
+
+def for_call(res: Resolution, needs_grad: bool) -> Callable:
+    """The implementation for one call: the resolved one, or eager when the call needs gradients and
+    the resolved backend serves the op forward only (logged once per op, device and backend)."""
+    if not (res.forward_only and needs_grad):
+        return res.fn
+    key = (res.op, res.device, res.backend)
+    with _lock:
+        if key not in _training_fallbacks:
+            _training_fallbacks.add(key)
+            log.info(f"gdn: {res.op} on {res.device}: {res.route} is forward-only; calls that need gradients run eager")
+    return _registry()[EAGER].implementation(res.op)
 
 
 def resolutions() -> list[dict[str, Any]]:

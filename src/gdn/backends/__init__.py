@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
+    from gdn.backends import fla, triton
     from gdn.backends.eager import EAGER
 
-    return [EAGER]
+    return [EAGER, triton.make_backend(), fla.make_backend()]

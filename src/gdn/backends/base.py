@@ -22,6 +22,7 @@ class Backend:
     `check` returns why the backend cannot serve a device type (None when it can). `auto_rank` orders
     the candidates in `auto` mode per device type (lower first; a device type it lacks is never
     tried in auto). `route` names the code path per op, e.g. "triton:bundled" or "ascendc:stable-api".
+    `forward_only` names ops it serves without a backward (inference kernels).
     """
 
     name: str
@@ -33,6 +34,8 @@ class Backend:
     route: Callable[[str], str] | None = None
     needs_probe: bool = True
     probe_tolerance: Mapping[str, float] = field(default_factory=dict)
+    # ops served for inference only: probed without gradients; a call that needs gradients runs eager
+    forward_only: frozenset[str] = frozenset()
     _load_error: str | None = field(default=None, init=False, repr=False)
 
     def _table(self) -> OpTable | None:

@@ -1,0 +1,161 @@
+"""State-pool decode: the triton backend's fused recurrent update vs flash-linear-attention's fused
+recurrent, same shapes, same run (GPU).
+
+One token per sequence, B sequences in a pool of 2B slots at random distinct indices, HV = 32 value
+heads over H = 16 query/key heads, K = V = 128, bf16 q/k/v/beta, fp32 g and fp32 states, q/k l2norm
+in the kernel. Decode is bound by the state traffic, so each row reports the effective state
+bandwidth (B * HV * K * V * 4 bytes read + the same written) / median time, next to the copy ceiling
+measured in the same run (a large device-to-device copy).
+
+Rows: `gdn-triton` with the launch heuristic and with each V-slice / warp setting of the sweep (the
+knobs of gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
+beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
+`fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs.
+
+Usage: PYTHONPATH=src:. python -m bench.decode [--batches 64 256] [--no-sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench._common import environment, median_ms, print_table, write_results
+from gdn.backends.triton import decode
+from gdn.ops import PREPARE
+
+H, HV, K, V = 16, 32, 128, 128
+SWEEP = [(8, 1), (16, 2), (16, 4), (32, 4), (32, 8), (64, 8)]  # (BV, num_warps)
+TARGET_TBS = {256: 3.2}
+OP = "fused_recurrent_gated_delta_rule_update"
+
+
+def make_inputs(B: int):
+    gen = torch.Generator(device="cuda").manual_seed(B)
+
+    def randn(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device="cuda", generator=gen, dtype=dtype)
+
+    q, k, v = randn(B, 1, H, K), randn(B, 1, H, K), randn(B, 1, HV, V)
+    g = torch.nn.functional.logsigmoid(randn(B, 1, HV, dtype=torch.float32))
+    beta = randn(B, 1, HV).sigmoid()
+    pool = randn(2 * B, HV, K, V, dtype=torch.float32) * 0.1
+    indices = torch.randperm(2 * B, device="cuda", generator=gen)[:B].to(torch.int32)
+    return (q, k, v, g, beta), pool, indices
+
+
+def copy_ceiling_tbs() -> float:
+    src = torch.empty(2**28, device="cuda", dtype=torch.float32)  # 1 GiB
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src))
+    return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
+
+
+def ours(inputs, pool, indices):
+    call = PREPARE[OP](*inputs, pool, indices, use_qk_l2norm_in_kernel=True)  # validated once, outside timing
+    return lambda: decode.fused_recurrent_gated_delta_rule_update(*call.args, **call.kwargs)
+
+
+def fla_fns(inputs, pool, indices):
+    """(kernel alone on pre-gathered states, kernel with the pool's gather and scatter) or None."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except ImportError:
+        return None
+    rows = indices.long()
+    h0 = pool.index_select(0, rows)
+
+    def kernel_only():
+        return fused_recurrent_gated_delta_rule(
+            *inputs, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
+
+    def with_pool():
+        o, final = fused_recurrent_gated_delta_rule(
+            *inputs, initial_state=pool.index_select(0, rows), output_final_state=True, use_qk_l2norm_in_kernel=True
+        )
+        pool.index_copy_(0, rows, final)
+        return o
+
+    return kernel_only, with_pool
+
+
+def agreement(inputs, pool, indices) -> dict[str, float] | None:
+    """ours vs fla on one step from the same pool: ||ours - fla|| / ||fla|| for o and the new states."""
+    fns = fla_fns(inputs, pool.clone(), indices)
+    if fns is None:
+        return None
+    mine = pool.clone()
+    o = ours(inputs, mine, indices)()
+    ref_o, ref_final = fns[0]()
+
+    def rel(a, b):
+        return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+    return {"o": rel(o, ref_o), "state": rel(mine[indices.long()], ref_final)}
+
+
+def row(B: int, impl: str, config: str, ms: float, state_bytes: int, ceiling: float) -> dict:
+    tbs = state_bytes / (ms * 1e-3) / 1e12
+    return {
+        "B": B,
+        "impl": impl,
+        "config": config,
+        "ms": round(ms, 4),
+        "state_TBps": round(tbs, 3),
+        "of_copy": f"{tbs / ceiling:.0%}",
+    }
+
+
+def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
+    inputs, pool, indices = make_inputs(B)
+    state_bytes = 2 * B * HV * K * V * 4
+    decode.OVERRIDES.clear()
+    default = decode.launch_config(B, HV, K, V, pool.device)
+    ms = median_ms(ours(inputs, pool, indices))
+    rows = [row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", ms, state_bytes, ceiling)]
+    for BV, warps in SWEEP if sweep else []:
+        decode.OVERRIDES.update(BV=BV, num_warps=warps)
+        ms = median_ms(ours(inputs, pool, indices))
+        rows.append(row(B, "gdn-triton", f"BV={BV} w={warps}", ms, state_bytes, ceiling))
+    decode.OVERRIDES.clear()
+    fns = fla_fns(inputs, pool, indices)
+    if fns is not None:
+        rows.append(row(B, "fla", "kernel, states gathered beforehand", median_ms(fns[0]), state_bytes, ceiling))
+        rows.append(row(B, "fla+gather/scatter", "pool semantics", median_ms(fns[1]), state_bytes, ceiling))
+    return rows, {"agreement_vs_fla": agreement(inputs, pool, indices)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--no-sweep", action="store_true", help="time only the launch heuristic")
+    args = parser.parse_args()
+
+    ceiling = copy_ceiling_tbs()
+    rows, checks = [], {}
+    for B in args.batches:
+        batch_rows, checks[B] = bench_batch(B, not args.no_sweep, ceiling)
+        rows += batch_rows
+    env = environment("fla-core", "flash-linear-attention")
+    print(f"copy ceiling {ceiling:.2f} TB/s; state bandwidth = (state read + written) / median time")
+    print_table(rows, ["B", "impl", "config", "ms", "state_TBps", "of_copy"])
+    for B, check in checks.items():
+        print(f"B={B}: agreement with fla (rel err): {check['agreement_vs_fla']}")
+    payload = {
+        "environment": env,
+        "shape": {"H": H, "HV": HV, "K": K, "V": V, "tokens_per_sequence": 1, "pool_slots": "2 * B"},
+        "dtypes": {"qkv_beta": "bfloat16", "g": "float32", "state": "float32"},
+        "use_qk_l2norm_in_kernel": True,
+        "copy_ceiling_TBps": round(ceiling, 3),
+        "target_TBps": TARGET_TBS,
+        "rows": rows,
+        "checks": {str(B): c for B, c in checks.items()},
+    }
+    path = write_results("decode", payload)
+    print(f"{env['card']}  triton {env['versions']['triton']}  written {path}")
+
+
+if __name__ == "__main__":
+    main()

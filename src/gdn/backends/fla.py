@@ -1,0 +1,126 @@
+"""The `fla` backend: an adapter for flash-linear-attention (import package `fla`, distribution
+fla-core), a peer under test and never a requirement.
+
+It serves CUDA GPUs (after our own `triton` backend in auto) and Ascend NPUs, where fla runs its
+triton-ascend kernels (after `ascendc` and `triton`). Route: "fla:<fla version>".
+
+fla >= 0.6 takes our layout as is: q, k [B, T, H, K], v [B, T, HV, V] with grouped value heads
+(HV a multiple of H), g and beta [B, T, HV], states [N, HV, K, V], varlen through cu_seqlens with
+B = 1. Everything after v is passed by keyword: fla's fused_recurrent_gated_delta_rule has gk and
+gv between g and beta, so a positional beta would land in gk.
+
+fla 0.6.0 refuses its gated backward on Hopper with Triton >= 3.4.0 and < 3.7.1 (RuntimeError
+"... produces incorrect results for gated chunk_bwd_dqkwg (see #640) ..."). The numeric probe runs
+the backward, so there the backend is rejected with that message and the resolver falls back; it
+is not worked around. `bypass_hopper_guard` lifts the guard for benchmarks that time fla's kernels,
+whose gradients are then not to be trusted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from gdn._validate import GdnShapes
+from gdn.backends.base import Backend, OpTable
+
+NAME = "fla"
+# The probe runs fp32 inputs. Most of fla's tl.dot calls keep Triton's default TF32 (operands rounded to
+# 10 mantissa bits, about 5e-4 relative each); through the triangular solve, the state pass and the
+# backward chains that grows to 1e-3-2e-3, and a wrong term costs far more than 5e-3. l2norm has no
+# matmul: a few fp32 ulps.
+PROBE_TOLERANCE = {"l2norm": 1e-5, "chunk_gated_delta_rule": 5e-3, "fused_recurrent_gated_delta_rule": 5e-3}
+
+
+def _version() -> str:
+    import fla
+
+    return getattr(fla, "__version__", "unknown")
+
+
+def _load() -> OpTable:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+    from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
+
+    def chunk_gated_delta_rule(q, k, v, g, beta, **contract):
+        return fla_chunk(q, k, v, **_fla_kwargs(g, beta, **contract))
+
+    def fused_recurrent_gated_delta_rule(q, k, v, g, beta, **contract):
+        return fla_recurrent(q, k, v, **_fla_kwargs(g, beta, **contract))
+
+    ops: dict = {
+        "chunk_gated_delta_rule": chunk_gated_delta_rule,
+        "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+    }
+    try:
+        from fla.modules.l2norm import l2norm as fla_l2norm
+    except ImportError:
+        pass  # older or trimmed fla builds: the op is simply not offered
+    else:
+
+        def l2norm(x: torch.Tensor, *, eps: float) -> torch.Tensor:
+            return fla_l2norm(x, eps=eps)
+
+        ops["l2norm"] = l2norm
+    return ops
+
+
+def _fla_kwargs(
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool,
+) -> dict:
+    """Our validated call contract as fla's keyword arguments (shapes need no translation: fla reads
+    them off the tensors, and GdnShapes already checked they agree)."""
+    return dict(
+        g=g,
+        beta=beta,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        # fla declares LongTensor; our contract also admits int32.
+        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
+
+
+def _route(op: str) -> str:
+    return f"{NAME}:{_version()}"
+
+
+def make_backend() -> Backend:
+    return Backend(
+        name=NAME,
+        loader=_load,
+        devices=("cuda", "npu"),
+        auto_rank={"cuda": 1, "npu": 2},
+        route=_route,
+        probe_tolerance=PROBE_TOLERANCE,
+    )
+
+
+@contextlib.contextmanager
+def bypass_hopper_guard() -> Iterator[bool]:
+    """TIMING ONLY: lift fla's refusal to run its gated backward on Hopper with Triton >= 3.4.0 and
+    < 3.7.1, for as long as the block runs. fla refuses because that backward computes wrong
+    gradients there (fla #640): use it to time kernels, never to train or to check numbers. Yields
+    whether a guard was lifted (False for fla builds without it)."""
+    from fla.ops.common import chunk_o
+
+    if not hasattr(chunk_o, "TRITON_ABOVE_3_7_1"):
+        yield False
+        return
+    saved = chunk_o.TRITON_ABOVE_3_7_1
+    chunk_o.TRITON_ABOVE_3_7_1 = True  # the guard fires only when this is False
+    try:
+        yield True
+    finally:
+        chunk_o.TRITON_ABOVE_3_7_1 = saved

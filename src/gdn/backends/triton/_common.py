@@ -1,0 +1,85 @@
+"""What the bundled Triton kernels need to know about the Triton they run on: whether it interprets,
+which distribution and target it is, the device to launch on, and launch sizes.
+
+Nothing here imports triton at module import time, so the backend can be listed (and rejected with
+a reason) where triton is absent."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from importlib import metadata
+
+import torch
+
+INTERPRET_ENV = "TRITON_INTERPRET"
+# triton-ascend installs the `triton` import package under its own distribution name.
+_DISTRIBUTIONS = ("triton-ascend", "triton")
+
+
+def is_interpreting() -> bool:
+    """Whether @triton.jit builds interpreted kernels (TRITON_INTERPRET=1: numpy on the host).
+
+    Triton reads the variable when a kernel is decorated, so it must be set before the kernel
+    modules are imported. Triton with `triton.knobs` (3.6, 3.9) also accepts true/on/yes, 3.2 only
+    "1": ask the installed Triton when it can, so that this agrees with what the kernels became."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return os.environ.get(INTERPRET_ENV, "0") == "1"
+    return bool(knobs.runtime.interpret)
+
+
+@dataclass(frozen=True)
+class Flavour:
+    """The installed Triton: its distribution (`triton` or `triton-ascend`), version and, unless
+    interpreting, the backend of the active driver's target ("cuda", "hip", "npu")."""
+
+    distribution: str
+    version: str
+    target: str | None
+
+    def describe(self) -> str:
+        where = "interpreter" if self.target is None else f"target {self.target}"
+        return f"{self.distribution} {self.version} ({where})"
+
+
+def flavour() -> Flavour:
+    """Raises ImportError when triton is missing and whatever the driver raises when no device
+    backend is usable (both are reasons for the resolver, never crashes)."""
+    import triton
+
+    distribution = next((d for d in _DISTRIBUTIONS if _installed(d)), "triton")
+    target = None if is_interpreting() else triton.runtime.driver.active.get_current_target().backend
+    return Flavour(distribution, triton.__version__, target)
+
+
+def _installed(distribution: str) -> bool:
+    try:
+        metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches on the current device of the torch device module, not on the tensor's: make
+    the tensor's device current for the launch (a no-op for host tensors under the interpreter)."""
+    if t.device.type == "cpu":
+        return contextlib.nullcontext()
+    return torch.get_device_module(t.device.type).device(t.device)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def num_warps_for(tile_elements: int) -> int:
+    """Memory-bound tiles: about 1024 elements per warp (32 per thread and operand, in registers),
+    between 1 and 8 warps."""
+    return max(1, min(8, tile_elements // 1024))

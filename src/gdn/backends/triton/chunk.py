@@ -1,0 +1,144 @@
+"""`chunk_gated_delta_rule` of the triton backend: the chunked WY algorithm (docs/design.md) as a chain
+of Triton kernels, one module per stage under `common/`.
+
+Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -> output.
+Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
+are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk, dw and
+the gate gradient per chunk -> WY backward (dk, dv, dbeta, dg) -> l2norm backward.
+
+Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
+per token and head) and the initial state.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from gdn._validate import GdnShapes
+from gdn.backends.triton._common import flavour, is_interpreting
+from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks
+from gdn.backends.triton.common.config import CHUNK, Tiles, tiles_for
+from gdn.backends.triton.common.output import chunk_output, dv_local
+from gdn.backends.triton.common.qk_grads import qk_grads
+from gdn.backends.triton.common.state import state_backward, state_forward
+from gdn.backends.triton.common.wy import wy_apply, wy_prepare
+from gdn.backends.triton.common.wy_bwd import wy_backward
+from gdn.backends.triton.l2norm import l2norm_bwd, l2norm_fwd
+
+L2NORM_EPS = 1e-6
+
+
+def _fp32_dot(dtype: torch.dtype) -> str | None:
+    """The precision of fp32 dots (None: dots in the input dtype). Always fp32 under the interpreter,
+    whose bf16 dot is wrong; for fp32 inputs a precision that keeps their accuracy (plain TF32 does not)."""
+    if is_interpreting():
+        return "ieee"
+    if dtype != torch.float32:
+        return None
+    return _gpu_fp32_precision()
+
+
+@functools.cache
+def _gpu_fp32_precision() -> str:
+    # NVIDIA's 3xTF32 is fp32-accurate on the tensor cores; other targets take plain IEEE products.
+    return "tf32x3" if flavour().target == "cuda" else "ieee"
+
+
+class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        initial_state: torch.Tensor | None,
+        scale: float,
+        output_final_state: bool,
+        plan: ChunkPlan,
+        use_qk_l2norm_in_kernel: bool,
+    ):
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        if initial_state is not None:
+            initial_state = initial_state.contiguous()
+        q_rstd = k_rstd = None
+        if use_qk_l2norm_in_kernel:
+            q, q_rstd = l2norm_fwd(q, L2NORM_EPS)
+            k, k_rstd = l2norm_fwd(k, L2NORM_EPS)
+        tiles, fp32_dot = tiles_for(k.shape[-1], v.shape[-1]), _fp32_dot(k.dtype)
+        HV = v.shape[2]
+
+        gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
+        w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
+        h, v_new, final_state = state_forward(k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot)
+        o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
+
+        ctx.save_for_backward(q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
+        ctx.g_dtype = g.dtype
+        ctx.scale = scale
+        ctx.plan = plan
+        ctx.tiles = tiles
+        ctx.fp32_dot = fp32_dot
+        ctx.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel
+        return o, final_state
+
+    @staticmethod
+    def backward(ctx, do: torch.Tensor, dht: torch.Tensor | None):
+        q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd = ctx.saved_tensors
+        plan: ChunkPlan = ctx.plan
+        tiles: Tiles = ctx.tiles
+        fp32_dot, scale = ctx.fp32_dot, ctx.scale
+        do = do.contiguous()
+        if dht is not None:
+            dht = dht.contiguous()
+        want_dh0 = initial_state is not None and ctx.needs_input_grad[5]
+
+        w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
+        h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot)
+        dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
+        dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot)
+        dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+        del h, dh, v_new, w
+        dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
+
+        if ctx.use_qk_l2norm_in_kernel:
+            dq = l2norm_bwd(q, q_rstd, dq)
+            dk = l2norm_bwd(k, k_rstd, dk)
+        return (
+            dq.to(q.dtype),
+            dk.to(k.dtype),
+            dv.to(v.dtype),
+            dg.to(ctx.g_dtype),
+            dbeta.to(beta.dtype),
+            None if dh0 is None else dh0.to(initial_state.dtype),
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    cu_seqlens: torch.Tensor | None,
+    use_qk_l2norm_in_kernel: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The backend entry (inputs validated by gdn.ops): -> (o [B, T, HV, V] in v's dtype, final state
+    [N, HV, K, V] fp32 or None)."""
+    plan = plan_chunks(shapes.B, shapes.T, cu_seqlens, CHUNK)
+    o, final_state = ChunkGatedDeltaRuleFunction.apply(
+        q, k, v, g, beta, initial_state, scale, output_final_state, plan, use_qk_l2norm_in_kernel
+    )
+    return o, final_state

@@ -1,0 +1,81 @@
+"""Tile sizes and launch widths of the chunk stages: a function of the head dims only (model
+constants), so a new sequence length never picks a new configuration, and nothing is autotuned on a
+first call.
+
+The defaults are a heuristic for Hopper-class GPUs. `OVERRIDES` lets a benchmark try others without
+editing code (`config.OVERRIDES.update(state_bv=64)`); every field is a Tiles field."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import triton
+from packaging.version import Version
+
+from gdn.backends.triton._common import is_interpreting, next_power_of_2
+
+# The chunk length is part of the algorithm's tiling: the WY inverse is built from 4 x 4 blocks of 16.
+CHUNK = 64
+SUB_CHUNK = 16
+
+OVERRIDES: dict[str, int] = {}
+
+
+@dataclass(frozen=True)
+class Tiles:
+    BK: int  # K slice of the chunk-parallel stages
+    BV: int  # V slice of the chunk-parallel stages
+    KP: int  # K padded to a power of two: the state passes hold all of K
+    state_bv: int  # V slice of one state-pass program (the pass runs sequence x value head x V slice)
+    output_bv: int
+    wy_bwd_bk: int  # K slice of the WY backward
+    prepare_warps: int
+    wu_warps: int
+    state_warps: int
+    output_warps: int
+    dv_warps: int
+    dqkwg_warps: int
+    wy_bwd_warps: int
+    num_stages: int
+
+
+def _padded(n: int) -> int:
+    return max(16, next_power_of_2(n))  # tl.dot needs every dimension >= 16
+
+
+def tiles_for(K: int, V: int) -> Tiles:
+    KP, VP = _padded(K), _padded(V)
+    tiles = _interpreter_tiles(KP, VP) if is_interpreting() else _gpu_tiles(KP, VP)
+    unknown = set(OVERRIDES) - {f.name for f in fields(Tiles)}
+    if unknown:
+        raise KeyError(f"config.OVERRIDES: unknown fields {sorted(unknown)}")
+    return replace(tiles, **OVERRIDES)
+
+
+def _interpreter_tiles(KP: int, VP: int) -> Tiles:
+    """The interpreter's cost is per operation, not per element: whole-head tiles, fewest programs."""
+    warps = {f.name: 1 for f in fields(Tiles) if f.name.endswith("_warps")}
+    return Tiles(BK=KP, BV=VP, KP=KP, state_bv=VP, output_bv=VP, wy_bwd_bk=KP, num_stages=1, **warps)
+
+
+def _gpu_tiles(KP: int, VP: int) -> Tiles:
+    # The two backward kernels with the most live [64, 64] accumulators spill at 4 warps; 8 warps
+    # crash the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
+    wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
+    return Tiles(
+        BK=min(64, KP),
+        BV=min(64, VP),
+        KP=KP,
+        # Narrow V slices give the sequential state pass more programs to spread over the SMs.
+        state_bv=min(32, VP),
+        output_bv=min(128, VP),
+        wy_bwd_bk=min(64, KP),
+        prepare_warps=4,
+        wu_warps=4,
+        state_warps=4,
+        output_warps=4,
+        dv_warps=4,
+        dqkwg_warps=wide,
+        wy_bwd_warps=wide,
+        num_stages=2,
+    )

@@ -1,0 +1,178 @@
+"""Backward through the output and the state update of each chunk, one program per (chunk, K slice,
+query/key head), looping over the head's group of value heads so that dq and dk are summed over the
+group in registers:
+
+    dq = scale exp(G) (do S^T) + dP k,            dP = scale (do v_new^T) . exp(G_i - G_j), causal
+    dk = exp(G_last - G) (v_new dS^T) + dP^T q
+    dw = -dv S^T                                  (v_new = u - w S)
+    dG_i = q_i.dq_i - k_i.dk_i, plus at the chunk's last row
+           exp(G_last) <S, dS> + sum_i k_i.(exp(G_last - G_i) dS v_new_i)
+
+S is the state entering the chunk, dS the gradient w.r.t. the state leaving it, dv the full value
+gradient from the backward state pass. dG (w.r.t. the cumulative gate) is written per K slice; the WY
+backward adds the slices, its own part, and turns it into dg.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn.backends.triton._common import cdiv, device_guard
+from gdn.backends.triton.chunk_index import ChunkPlan
+from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+
+
+@triton.jit(do_not_specialize=["T"])
+def _qk_grads_kernel(
+    q,
+    k,
+    v_new,
+    h,
+    dh,
+    gc,
+    do,
+    dv,
+    dq,
+    dk,
+    dw,
+    dG,
+    cu_seqlens,
+    chunk_indices,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    i_c, i_k, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    mt = i_t * BT + o_t < T_n
+    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    last = tl.minimum(BT, T_n - i_t * BT) - 1
+    o_k = i_k * BK + tl.arange(0, BK)
+    mk = o_k < K
+    m_tk = mt[:, None] & mk[None, :]
+    p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
+    causal = (o_t[:, None] >= o_t[None, :]) & mt[:, None]
+
+    dq_sum = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_sum = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_g in range(HV // H):
+        i_hv = i_h * (HV // H) + i_g
+        state = (i_c * HV + i_hv).to(tl.int64) * K * V
+        G = tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0)
+        G_last = tl.load(gc + (bos + i_t * BT + last).to(tl.int64) * HV + i_hv)
+
+        dq_g = tl.zeros([BT, BK], dtype=tl.float32)
+        dk_g = tl.zeros([BT, BK], dtype=tl.float32)
+        dw_g = tl.zeros([BT, BK], dtype=tl.float32)
+        dp = tl.zeros([BT, BT], dtype=tl.float32)
+        s_dot_ds = tl.zeros([BK], dtype=tl.float32)
+        for v0 in range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            mv = o_v < V
+            m_vk = mv[:, None] & mk[None, :]
+            ST = tl.load(h + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+            dST = tl.load(dh + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+            m_tv = mt[:, None] & mv[None, :]
+            p_tv = (tok * HV + i_hv)[:, None] * V + o_v[None, :]
+            vn = tl.load(v_new + p_tv, mask=m_tv, other=0.0)
+            do_t = tl.load(do + p_tv, mask=m_tv, other=0.0)
+            dv_t = tl.load(dv + p_tv, mask=m_tv, other=0.0)
+            dq_g += mma(do_t, ST, FP32_DOT)
+            if k.dtype.element_ty == tl.float32:
+                dk_g += mma(vn, dST, FP32_DOT)
+            else:  # dS is fp32 (it carries the final-state gradient): hi + lo half dots keep ~16 bits of it
+                dS_hi = cast_as(dST, k)
+                dk_g += mma(vn, dS_hi, FP32_DOT) + mma(vn, cast_as(dST - dS_hi.to(tl.float32), k), FP32_DOT)
+            dw_g += mma(dv_t, ST, FP32_DOT)
+            dp += mma(do_t, tl.trans(vn), FP32_DOT)
+            s_dot_ds += tl.sum(ST.to(tl.float32) * dST.to(tl.float32), 0)
+
+        # q and k are (re)loaded only now, to keep them out of the V loop's registers
+        qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
+        kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
+        dq_g *= (scale * masked_exp(G, mt))[:, None]
+        dk_g *= masked_exp(G_last - G, mt)[:, None]
+        dG_last = tl.sum(s_dot_ds, 0) * tl.exp(G_last) + tl.sum(tl.sum(dk_g * kt.to(tl.float32), 1), 0)
+        p_wk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
+        tl.store(dw + p_wk, cast_as(-dw_g, dw), mask=m_tk)
+
+        dp = cast_as(dp * scale * masked_exp(G[:, None] - G[None, :], causal), k)
+        dq_g += mma(dp, kt, FP32_DOT)
+        dk_g += mma(tl.trans(dp), qt, FP32_DOT)
+        dG_t = tl.sum(dq_g * qt.to(tl.float32), 1) - tl.sum(dk_g * kt.to(tl.float32), 1)
+        dG_t += tl.where(o_t == last, dG_last, 0.0)
+        tl.store(dG + (tok * HV + i_hv) * NK + i_k, dG_t, mask=mt)
+        dq_sum += dq_g
+        dk_sum += dk_g
+    tl.store(dq + p_qk, dq_sum, mask=m_tk)
+    tl.store(dk + p_qk, dk_sum, mask=m_tk)
+
+
+def qk_grads(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v_new: torch.Tensor,
+    h: torch.Tensor,
+    dh: torch.Tensor,
+    gc: torch.Tensor,
+    do: torch.Tensor,
+    dv: torch.Tensor,
+    scale: float,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dh is fp32. -> (dq, dk [B, T, H, K] fp32 (dk without the WY part), dw [B, T, HV, K] in k's dtype,
+    dG [B, T, HV, NK] fp32 per K slice)."""
+    B, T, H, K = q.shape
+    HV, V = do.shape[2], do.shape[3]
+    NK = cdiv(K, tiles.BK)
+    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(dq)
+    dw = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
+    dG = torch.empty(B, T, HV, NK, dtype=torch.float32, device=q.device)
+    with device_guard(q):
+        _qk_grads_kernel[(plan.num_chunks, NK, H)](
+            q,
+            k,
+            v_new,
+            h,
+            dh,
+            gc,
+            do,
+            dv,
+            dq,
+            dk,
+            dw,
+            dG,
+            plan.cu_seqlens,
+            plan.chunk_indices,
+            scale,
+            T,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BT=CHUNK,
+            BK=tiles.BK,
+            BV=tiles.BV,
+            NK=NK,
+            IS_VARLEN=plan.is_varlen,
+            FP32_DOT=fp32_dot,
+            num_warps=tiles.dqkwg_warps,
+            num_stages=tiles.num_stages,
+        )
+    return dq, dk, dw, dG

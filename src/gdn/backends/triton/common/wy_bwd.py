@@ -1,0 +1,173 @@
+"""Backward through the WY representation and the gate cumsum, one program per (chunk, query/key head)
+looping over the head's value heads, each adding its part of dk to the fp32 buffer in place.
+
+With w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1, A = beta_i k_i.k_j exp(G_i - G_j) (j < i):
+    dT = dw (beta exp(G) k)^T + du (beta v)^T   (lower triangle: T has no other entries)
+    dA = -T^T dT T^T                            (strictly lower triangle)
+and the gradients through beta, exp(G), K K^T follow; dv, dbeta and dg are final here. dg is the
+reverse in-chunk cumsum of the gradient w.r.t. the cumulative gate (G_i = sum of g over t <= i), which
+adds the K-slice partials of the output/state part.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn.backends.triton._common import device_guard
+from gdn.backends.triton.chunk_index import ChunkPlan
+from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+
+
+@triton.jit(do_not_specialize=["T"])
+def _wy_bwd_kernel(
+    k,
+    v,
+    beta,
+    gc,
+    Ai,
+    dw,
+    dv,
+    dk,
+    dbeta,
+    dg,
+    dG,
+    cu_seqlens,
+    chunk_indices,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    NK: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dk (fp32)
+    holds the output/state part of the key gradient and each value head adds its part in place."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    o_t = tl.arange(0, BT)
+    mt = i_t * BT + o_t < T_n
+    tok = (bos + i_t * BT + o_t).to(tl.int64)
+
+    for i_g in range(HV // H):
+        i_hv = i_h * (HV // H) + i_g
+        b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+        G = tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0)
+        A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
+        AT = tl.trans(A)
+        eG = masked_exp(G, mt)
+        db = tl.zeros([BT], dtype=tl.float32)
+        dG_t = tl.zeros([BT], dtype=tl.float32)
+
+        # w = T (beta exp(G) k)
+        dT = tl.zeros([BT, BT], dtype=tl.float32)
+        tl.debug_barrier()  # dk was written by other threads of this program (previous value head)
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_tk = mt[:, None] & (o_k < K)[None, :]
+            kf = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            dT += mma(dwt, tl.trans(cast_as(kf * (b * eG)[:, None], k)), FP32_DOT)
+            dkb = mma(AT, dwt, FP32_DOT)
+            dkb_k = tl.sum(dkb * kf, 1) * eG
+            db += dkb_k
+            dG_t += dkb_k * b
+            p_dk = dk + (tok * H + i_h)[:, None] * K + o_k[None, :]
+            tl.store(p_dk, tl.load(p_dk, mask=m_tk, other=0.0) + dkb * (b * eG)[:, None], mask=m_tk)
+
+        # u = T (beta v)
+        for v0 in range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            m_tv = mt[:, None] & (o_v < V)[None, :]
+            p_tv = (tok * HV + i_hv)[:, None] * V + o_v[None, :]
+            vf = tl.load(v + p_tv, mask=m_tv, other=0.0).to(tl.float32)
+            du = tl.load(dv + p_tv, mask=m_tv, other=0.0)
+            dT += mma(du, tl.trans(cast_as(vf * b[:, None], k)), FP32_DOT)
+            dvb = mma(AT, du, FP32_DOT)
+            tl.store(dv + p_tv, cast_as(dvb * b[:, None], dv), mask=m_tv)
+            db += tl.sum(dvb * vf, 1)
+
+        # T = (I + A)^-1: dA = -T^T dT T^T on the strictly lower triangle, times the decay of A
+        dT = cast_as(tl.where(o_t[:, None] >= o_t[None, :], dT, 0.0), k)
+        dA = -mma(cast_as(mma(AT, dT, FP32_DOT), k), AT, FP32_DOT)
+        dA *= masked_exp(G[:, None] - G[None, :], (o_t[:, None] > o_t[None, :]) & mt[:, None])
+        dAb = cast_as(dA * b[:, None], k)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        tl.debug_barrier()
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            m_tk = mt[:, None] & (o_k < K)[None, :]
+            p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
+            kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
+            kk += mma(kt, tl.trans(kt), FP32_DOT)
+            dk_t = mma(dAb, kt, FP32_DOT) + mma(tl.trans(dAb), kt, FP32_DOT)
+            tl.store(dk + p_qk, tl.load(dk + p_qk, mask=m_tk, other=0.0) + dk_t, mask=m_tk)
+        dAkk = dA * kk
+        db += tl.sum(dAkk, 1)
+        dAA = dAkk * b[:, None]  # dA_ij * A_ij
+        dG_t += tl.sum(dAA, 1) - tl.sum(dAA, 0)
+
+        for i_k in range(NK):
+            dG_t += tl.load(dG + (tok * HV + i_hv) * NK + i_k, mask=mt, other=0.0)
+        # dg_t = sum of dG_i over the chunk's rows i >= t (padded rows carry zero)
+        dg_t = tl.sum(tl.where(o_t[:, None] <= o_t[None, :], tl.where(mt, dG_t, 0.0)[None, :], 0.0), 1)
+        tl.store(dg + tok * HV + i_hv, dg_t, mask=mt)
+        tl.store(dbeta + tok * HV + i_hv, db, mask=mt)
+
+
+def wy_backward(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    gc: torch.Tensor,
+    Ai: torch.Tensor,
+    dw: torch.Tensor,
+    du: torch.Tensor,
+    dk: torch.Tensor,
+    dG: torch.Tensor,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dk fp32 (completed in place), dv (written over du), dbeta fp32, dg fp32)."""
+    B, T, H, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    dbeta = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
+    dg = torch.empty_like(dbeta)
+    with device_guard(k):
+        _wy_bwd_kernel[(plan.num_chunks, H)](
+            k,
+            v,
+            beta,
+            gc,
+            Ai,
+            dw,
+            du,
+            dk,
+            dbeta,
+            dg,
+            dG,
+            plan.cu_seqlens,
+            plan.chunk_indices,
+            T,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BT=CHUNK,
+            BK=tiles.wy_bwd_bk,
+            BV=tiles.BV,
+            NK=dG.shape[-1],
+            IS_VARLEN=plan.is_varlen,
+            FP32_DOT=fp32_dot,
+            num_warps=tiles.wy_bwd_warps,
+            num_stages=tiles.num_stages,
+        )
+    return dk, du, dbeta, dg

@@ -1,0 +1,370 @@
+"""The fused recurrent gated delta rule for decode: `fused_recurrent_gated_delta_rule` (initial /
+final state) and `fused_recurrent_gated_delta_rule_update` (a state pool read and written in place).
+
+One program per (sequence, value head, V slice) keeps its [K, BV] slice of the state in registers,
+in fp32, and walks the sequence's tokens. Per token, with d = exp(g) and q already scaled:
+    h' = d h,   u = beta (v - h'^T k),   h = h' + k u^T,   o = h^T q = h'^T q + (q . k) u.
+Both reductions over K read h' before the update, so they share one pass over the tile and the
+update only writes. The state is read once and written once per call, whatever the token count:
+decode is bound by that traffic, so the V slice and the warps are chosen for bandwidth (see
+`launch_config`), with no autotuning.
+
+The token count is a runtime argument that Triton does not specialize, and no other argument
+changes with it (token offsets are computed in the kernel from constexpr head counts and dims), so
+a new length never compiles a new binary. The pool's strides are passed as they are: they describe
+the pool, not the batch, and a pool may be a strided view into a larger cache.
+
+These kernels have no backward: the triton backend serves both ops forward-only (`refuse_grad`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn._validate import GdnShapes
+from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as
+
+L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
+# The widest V slice: 32 fp32 columns are one 128-byte line per state row.
+MAX_BV = 32
+MIN_BV = 8
+# State elements one program holds (registers): 128 x 32 fp32 is 32 per thread at 4 warps.
+MAX_TILE = 8192
+# Below this many programs per SM the GPU runs short of loads in flight: narrow the V slices.
+PROGRAMS_PER_SM = 4
+# Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
+OVERRIDES: dict[str, int] = {}
+
+
+def refuse_grad(op: str, **tensors: torch.Tensor | None) -> None:
+    """The serving kernels have no backward. A call that autograd would need to differentiate is an
+    error rather than an output silently detached from its inputs."""
+    if not torch.is_grad_enabled():
+        return
+    wanting = [name for name, t in tensors.items() if t is not None and t.requires_grad]
+    if wanting:
+        raise NotImplementedError(
+            f"{op}: the triton backend runs this op forward only (inference), but {', '.join(wanting)} "
+            "require grad; call it under torch.no_grad() / torch.inference_mode(), or use the eager "
+            "backend for gradients"
+        )
+
+
+@triton.jit
+def as_block(x, BLOCK: tl.constexpr):
+    """The integer x (scalar) broadcast to [BLOCK] int64. Masks combine a scalar condition with a
+    block only through this: the Triton 3.9 interpreter turns `block & scalar_bool` into an integer
+    array that tl.load rejects."""
+    return tl.zeros([BLOCK], dtype=tl.int64) + x
+
+
+@triton.jit
+def _token_step(
+    h,
+    t,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    scale,
+    live,
+    i_h,
+    i_hv,
+    o_k,
+    o_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L2NORM: tl.constexpr,
+    USE_POOL: tl.constexpr,
+):
+    """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice."""
+    mask_k = o_k < K
+    mask_v = o_v < V
+    b_q = tl.load(q_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    b_v = tl.load(v_ptr + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    b_g = tl.load(g_ptr + t * HV + i_hv).to(tl.float32)
+    b_beta = tl.load(beta_ptr + t * HV + i_hv).to(tl.float32)
+    if L2NORM:
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
+    b_q = b_q * scale
+    h = h * tl.exp(b_g)
+    hk = tl.sum(h * b_k[:, None], 0)
+    hq = tl.sum(h * b_q[:, None], 0)
+    b_u = b_beta * (b_v - hk)
+    h += b_k[:, None] * b_u[None, :]
+    b_o = hq + tl.sum(b_q * b_k) * b_u
+    if USE_POOL:
+        b_o = tl.where(live, b_o, 0.0)
+    tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(b_o, o_ptr), mask=mask_v)
+    return h
+
+
+@triton.jit(do_not_specialize=["T"])
+def _recurrent_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    h0_ptr,
+    ht_ptr,
+    slots_ptr,
+    cu_ptr,
+    scale,
+    T,
+    stride_hn,
+    stride_hh,
+    stride_hk,
+    stride_hv,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_POOL: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    STORE_HT: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    """Grid (sequences, HV * V slices): sequences on axis 0, which has no 65535 limit."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    i_n = tl.program_id(0)
+    i_hv = tl.program_id(1) // NV
+    i_v = tl.program_id(1) % NV
+    i_h = i_hv // (HV // H)
+    if IS_VARLEN:
+        bos = tl.load(cu_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    if USE_POOL:
+        slot = tl.load(slots_ptr + i_n).to(tl.int64)
+        live = slot >= 0
+        # A padding slot (-1) and a sequence without tokens leave the pool untouched: no state
+        # traffic at all for them.
+        mask_k = mask_k & (as_block(slot, BK) >= 0) & (as_block(eos - bos, BK) > 0)
+        row = tl.maximum(slot, 0)
+    else:
+        live = True  # unused: only the pool has padding rows
+        row = i_n.to(tl.int64)
+    mask_h = mask_k[:, None] & (o_v < V)[None, :]
+    p_h = row * stride_hn + i_hv * stride_hh + o_k[:, None] * stride_hk + o_v[None, :] * stride_hv
+
+    h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        h += tl.load(h0_ptr + p_h, mask=mask_h, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+        t = bos
+        while t < eos:
+            h = _token_step(
+                h,
+                t,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                g_ptr,
+                beta_ptr,
+                o_ptr,
+                scale,
+                live,
+                i_h,
+                i_hv,
+                o_k,
+                o_v,
+                H,
+                HV,
+                K,
+                V,
+                L2NORM,
+                USE_POOL,
+            )
+            t += 1
+    else:
+        for t in range(bos, eos):
+            h = _token_step(
+                h,
+                t,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                g_ptr,
+                beta_ptr,
+                o_ptr,
+                scale,
+                live,
+                i_h,
+                i_hv,
+                o_k,
+                o_v,
+                H,
+                HV,
+                K,
+                V,
+                L2NORM,
+                USE_POOL,
+            )
+    if STORE_HT:
+        tl.store(ht_ptr + p_h, h.to(ht_ptr.dtype.element_ty), mask=mask_h, eviction_policy="evict_first")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    BK: int
+    BV: int
+    num_warps: int
+
+
+@functools.cache
+def _processors(device: torch.device) -> int:
+    """Streaming multiprocessors (or cores) of the device; 1 for the interpreter, which runs one
+    program at a time and is fastest with few, wide ones."""
+    if device.type == "cpu":
+        return 1
+    props = torch.get_device_module(device.type).get_device_properties(device)
+    return getattr(props, "multi_processor_count", 0) or 64
+
+
+def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> LaunchConfig:
+    """Wide V slices (whole 128-byte lines per state row, fewer redundant q/k loads) unless the grid
+    would then be too small to keep the GPU's memory system busy; about 1024 state elements per warp."""
+    BK = next_power_of_2(K)
+    BV = min(MAX_BV, next_power_of_2(V))
+    wanted = PROGRAMS_PER_SM * _processors(device)
+    while BV > MIN_BV and N * HV * cdiv(V, BV) < wanted:
+        BV //= 2
+    while BV > 1 and BK * BV > MAX_TILE:
+        BV //= 2
+    unknown = set(OVERRIDES) - {f.name for f in fields(LaunchConfig)}
+    if unknown:
+        raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
+    return replace(LaunchConfig(BK=BK, BV=BV, num_warps=num_warps_for(BK * BV)), **OVERRIDES)
+
+
+def _launch(
+    q, k, v, g, beta, shapes: GdnShapes, scale: float, cu_seqlens, l2norm: bool, h0, ht, slots, state_strides
+) -> torch.Tensor:
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    o = torch.empty_like(v)
+    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device)
+    grid = (shapes.N, shapes.HV * cdiv(shapes.V, cfg.BV))
+    with device_guard(q):
+        _recurrent_kernel[grid](
+            q,
+            k,
+            v,
+            g,
+            beta,
+            o,
+            h0,
+            ht,
+            slots,
+            cu_seqlens,
+            scale,
+            shapes.T,
+            *state_strides,
+            H=shapes.H,
+            HV=shapes.HV,
+            K=shapes.K,
+            V=shapes.V,
+            BK=cfg.BK,
+            BV=cfg.BV,
+            USE_POOL=slots is not None,
+            HAS_H0=h0 is not None,
+            STORE_HT=ht is not None,
+            IS_VARLEN=cu_seqlens is not None,
+            L2NORM=l2norm,
+            num_warps=cfg.num_warps,
+        )
+    return o
+
+
+def fused_recurrent_gated_delta_rule(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    initial_state,
+    output_final_state: bool,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel: bool,
+):
+    """The `fused_recurrent_gated_delta_rule` op of the triton backend (forward only). Returns
+    (o [B, T, HV, V] in v's dtype, final state [N, HV, K, V] fp32 or None)."""
+    refuse_grad("fused_recurrent_gated_delta_rule", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    N, HV, K, V = shapes.N, shapes.HV, shapes.K, shapes.V
+    h0 = None if initial_state is None else initial_state.contiguous()
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    o = _launch(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        shapes,
+        scale,
+        cu_seqlens,
+        use_qk_l2norm_in_kernel,
+        h0,
+        ht,
+        None,
+        (HV * K * V, K * V, V, 1),  # both h0 and ht are contiguous [N, HV, K, V]
+    )
+    return o, ht
+
+
+def fused_recurrent_gated_delta_rule_update(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    *,
+    shapes: GdnShapes,
+    scale: float,
+    ssm_pool,
+    ssm_indices,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel: bool,
+):
+    """The `fused_recurrent_gated_delta_rule_update` op of the triton backend (forward only):
+    sequence n reads and writes ssm_pool[ssm_indices[n]] in place; index -1 gives zero outputs and
+    leaves the pool untouched. Returns o [B, T, HV, V] in v's dtype."""
+    refuse_grad("fused_recurrent_gated_delta_rule_update", q=q, k=k, v=v, g=g, beta=beta)
+    return _launch(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        shapes,
+        scale,
+        cu_seqlens,
+        use_qk_l2norm_in_kernel,
+        ssm_pool,
+        ssm_pool,
+        ssm_indices.contiguous(),
+        ssm_pool.stride(),
+    )

@@ -1,0 +1,275 @@
+"""The triton backend's chunk_gated_delta_rule against the fp64 token recurrence: the output, the final
+state and every gradient (q, k, v, g, beta, initial state), with ||out - ref|| / ||ref|| <= 1e-4 in
+fp32 and 1e-2 in bf16/fp16. Without a CUDA device the kernels run under TRITON_INTERPRET=1, which
+must be set before triton is imported (xdist workers import this module themselves).
+
+Also: the launches of every kernel specialize identically across sequence lengths (one compiled
+binary per kernel), and the grid of a batch of many sequences stays within the launch limits."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+triton = pytest.importorskip("triton")
+
+from gdn.backends.triton import chunk as triton_chunk  # noqa: E402 - after TRITON_INTERPRET
+from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
+from gdn.backends.triton._common import is_interpreting  # noqa: E402
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
+from gdn.ops import PREPARE  # noqa: E402
+from reference import gdn_recurrence, rel_err  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
+KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, triton_l2norm)
+
+
+def triton_op(q, k, v, g, beta, **kwargs):
+    """The backend entry called exactly as gdn.chunk_gated_delta_rule calls it, after validation."""
+    call = PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta, **kwargs)
+    return triton_chunk.chunk_gated_delta_rule(*call.args, **call.kwargs)
+
+
+def make_inputs(gen, T, H, HV, K, V, *, B=1, N=None, dtype=torch.float32, with_state=True, g_dtype=torch.float32):
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q = randn(B, T, H, K).to(dtype)
+    k = (randn(B, T, H, K) * K**-0.5).to(dtype)  # keys of norm ~1: beta ||k||^2 < 2 keeps the rule stable
+    v = randn(B, T, HV, V).to(dtype)
+    g = (-torch.rand(B, T, HV, generator=gen) * 0.5).to(g_dtype)
+    beta = torch.rand(B, T, HV, generator=gen).to(dtype)
+    h0 = randn(N or B, HV, K, V) * 0.1 if with_state else None
+    return q, k, v, g, beta, h0
+
+
+def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2norm=False):
+    """Forward and backward with random upstream gradients on o and the final state, both sides."""
+    q, v = inputs[0], inputs[2]
+    N = len(cu_seqlens) - 1 if cu_seqlens is not None else q.shape[0]
+    do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+    dht = torch.randn(N, v.shape[2], q.shape[3], v.shape[3], generator=gen, dtype=torch.float64)
+
+    leaves = [None if x is None else x.detach().clone().to(DEVICE).requires_grad_() for x in inputs]
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
+    o, final = triton_op(
+        *leaves[:5],
+        scale=scale,
+        initial_state=leaves[5],
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=l2norm,
+    )
+    assert o.dtype == v.dtype and final.dtype == torch.float32
+    ((o.double().cpu() * do).sum() + (final.double().cpu() * dht).sum()).backward()
+    for x, leaf in zip(inputs, leaves, strict=True):
+        assert x is None or leaf.grad.dtype == x.dtype
+
+    ref_leaves = [None if x is None else x.detach().double().requires_grad_() for x in inputs]
+    cu_ref = None if cu_seqlens is None else torch.tensor(cu_seqlens)
+    ro, rfinal = gdn_recurrence(
+        *ref_leaves[:5], scale=scale, initial_state=ref_leaves[5], cu_seqlens=cu_ref, l2norm=l2norm
+    )
+    ((ro * do).sum() + (rfinal * dht).sum()).backward()
+
+    errors = {"o": rel_err(o, ro), "final_state": rel_err(final, rfinal)}
+    for name, leaf, ref in zip(GRAD_NAMES, leaves, ref_leaves, strict=True):
+        if leaf is not None:
+            errors[f"d{name}"] = rel_err(leaf.grad, ref.grad)
+    bad = {name: f"{err:.2e}" for name, err in errors.items() if not err <= tol}
+    assert not bad, f"rel err over {tol}: {bad}"
+
+
+# (T, H, HV, K, V, initial state, l2norm, scale): odd lengths around the chunk size, non-power-of-two
+# and large head dims, grouped value heads.
+DENSE_CASES = [
+    (1, 1, 2, 64, 64, True, False, None),
+    (63, 1, 2, 64, 64, False, True, None),
+    (65, 1, 2, 64, 64, True, True, 0.3),
+    (130, 1, 2, 64, 64, True, False, None),
+    (70, 1, 1, 60, 100, True, False, None),
+    (70, 1, 1, 100, 60, False, True, None),
+    (65, 1, 1, 128, 128, True, True, None),
+    (70, 2, 4, 16, 16, True, False, 0.5),
+    (40, 1, 3, 32, 32, False, True, None),
+]
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize(("T", "H", "HV", "K", "V", "with_state", "l2norm", "scale"), DENSE_CASES)
+def test_fp32_matches_fp64_recurrence(T, H, HV, K, V, with_state, l2norm, scale, gen):
+    inputs = make_inputs(gen, T, H, HV, K, V, with_state=with_state)
+    check_against_recurrence(gen, inputs, TOL[torch.float32], scale=scale, l2norm=l2norm)
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize(
+    ("bounds", "with_state", "l2norm"),
+    [([0, 1, 65, 130], True, True), ([0, 17, 17, 90], False, False), ([0, 64, 128], True, False)],
+    ids=["one-token-and-tails", "empty-sequence", "whole-chunks"],
+)
+def test_varlen_fp32_matches_fp64_recurrence(bounds, with_state, l2norm, gen):
+    inputs = make_inputs(gen, bounds[-1], 1, 2, 64, 48, N=len(bounds) - 1, with_state=with_state)
+    check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=bounds, scale=0.2, l2norm=l2norm)
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_half_precision_matches_fp64_recurrence(dtype, l2norm, gen):
+    inputs = make_inputs(gen, 100, 1, 2, 64, 64, dtype=dtype)
+    check_against_recurrence(gen, inputs, TOL[dtype], l2norm=l2norm)
+
+
+@pytest.mark.shape_grid
+def test_half_precision_varlen_with_half_gates(gen):
+    """bf16 everywhere, gates included (g arrives fp32 or half; its gradient comes back in its dtype)."""
+    bounds = [0, 1, 65, 130]
+    inputs = make_inputs(gen, 130, 1, 2, 64, 64, N=3, dtype=torch.bfloat16, g_dtype=torch.bfloat16)
+    check_against_recurrence(gen, inputs, TOL[torch.bfloat16], cu_seqlens=bounds, l2norm=True)
+
+
+@pytest.mark.single_op
+def test_narrow_tiles_agree(gen, monkeypatch):
+    """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
+    V-sliced state passes and masks inside every slice."""
+    narrow = dict(BK=16, BV=16, state_bv=16, output_bv=32, wy_bwd_bk=16)
+    monkeypatch.setattr(config, "OVERRIDES", narrow)
+    assert config.tiles_for(40, 40).BK == 16
+    inputs = make_inputs(gen, 80, 1, 2, 40, 40, N=2)
+    check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=[0, 10, 80], l2norm=True)
+
+
+@pytest.mark.single_op
+def test_strong_gates_stay_finite(gen):
+    """Cumulative log decays far past exp's range, and exact zeros: no NaN or Inf anywhere, and still
+    the recurrence's result."""
+    q, k, v, _, beta, h0 = make_inputs(gen, 100, 1, 2, 32, 32)
+    g = -torch.rand(1, 100, 2, generator=gen) * 200.0
+    g[:, ::7] = 0.0
+    check_against_recurrence(gen, (q, k, v, g, beta, h0), TOL[torch.float32], l2norm=True)
+
+
+@pytest.mark.single_op
+def test_no_final_state_unless_asked(gen):
+    q, k, v, g, beta, _ = make_inputs(gen, 10, 1, 1, 16, 16, with_state=False)
+    o, final = triton_op(*(x.to(DEVICE) for x in (q, k, v, g, beta)))
+    assert final is None and o.shape == v.shape and o.dtype == v.dtype
+
+
+@pytest.mark.single_op
+def test_unknown_knob_is_an_error(monkeypatch):
+    monkeypatch.setattr(config, "OVERRIDES", {"state_BV": 32})
+    with pytest.raises(KeyError, match="state_BV"):
+        config.tiles_for(64, 64)
+
+
+class Launches:
+    """Every launch of the chunk and l2norm kernels: (kernel, grid, args, kwargs). Under the interpreter
+    the kernels are not run (only what is launched is of interest, and tensors stay unwritten)."""
+
+    def __init__(self, monkeypatch):
+        self.calls: list[tuple[object, tuple, tuple, dict]] = []
+        for module in KERNEL_MODULES:
+            for name, kernel in vars(module).items():
+                if name.startswith("_") and name.endswith("_kernel"):
+                    monkeypatch.setattr(kernel, "run", self._recorder(kernel, kernel.run))
+
+    def _recorder(self, kernel, run):
+        def record(*args, grid, warmup, **kwargs):
+            self.calls.append((kernel, grid, args, kwargs))
+            return None if is_interpreting() else run(*args, grid=grid, warmup=warmup, **kwargs)
+
+        return record
+
+
+def run_op(T, cu_seqlens=None, N=1):
+    """One forward and backward at length T (all options on, so that every kernel launches)."""
+    gen = torch.Generator().manual_seed(0)
+    inputs = make_inputs(gen, T, 1, 2, 16, 16, N=N, dtype=torch.bfloat16)
+    leaves = [x.to(DEVICE).requires_grad_() for x in inputs]
+    cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
+    o, final = triton_op(
+        *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+    )
+    (o.float().sum() + final.sum()).backward()
+
+
+def specialization_key(kernel, args, kwargs) -> str:
+    """The cache key Triton's launcher computes for these arguments (3.2, 3.6 and 3.9 share
+    create_function_from_signature; a CUDA target stands in for the device the interpreter lacks)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    options = getattr(kernel, "kwargs", None) or kernel.rewriter.kwargs  # 3.2 keeps them on the rewriter
+    jit = JITFunction(kernel.fn, do_not_specialize=options["do_not_specialize"])
+    binder = create_function_from_signature(jit.signature, jit.params, make_backend(GPUTarget("cuda", 90, 32)))
+    bound = binder(*args, **kwargs)
+    if len(bound) == 5:  # Triton 3.2: (args, signature and specialization, constexprs, values, options)
+        return "".join(bound[1]) + str((bound[2], bound[4]))
+    return str(bound[1]) + str(bound[2])
+
+
+LENGTHS = (4096, 4100, 4104, 4160, 5000)
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_one_specialization_per_kernel_across_lengths(monkeypatch):
+    """Lengths in every divisibility class by 16, dense and packed: each kernel's launches must all
+    map to one compiled binary (T is not specialized, and no argument is derived from it)."""
+    launches = Launches(monkeypatch)
+    keys: dict[int, dict[str, set[str]]] = {}
+    for T in LENGTHS:
+        launches.calls.clear()
+        run_op(T)
+        run_op(T, cu_seqlens=[0, 1, T // 2, T], N=3)
+        for kernel, _, args, kwargs in launches.calls:
+            keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
+    first = keys[LENGTHS[0]]
+    assert len([name for name in first if "l2norm" not in name]) == 8
+    for T in LENGTHS[1:]:
+        differ = {name for name in first if keys[T][name] != first[name]}
+        assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
+
+
+def compiled_binaries(kernel) -> int:
+    caches = getattr(kernel, "device_caches", None)
+    if caches is not None:  # Triton >= 3.3: device -> (kernel cache, key cache, target, backend, binder)
+        return sum(len(entry[0]) for entry in caches.values())
+    return sum(len(cache) for cache in kernel.cache.values())  # Triton 3.2: device -> {key: kernel}
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
+def test_one_compiled_binary_per_kernel_across_lengths():
+    kernels = [k for m in KERNEL_MODULES for n, k in vars(m).items() if n.startswith("_") and n.endswith("_kernel")]
+    run_op(LENGTHS[0])
+    before = {k: compiled_binaries(k) for k in kernels}
+    for T in LENGTHS[1:]:
+        run_op(T)
+    grew = {k.fn.__name__: compiled_binaries(k) - n for k, n in before.items() if compiled_binaries(k) != n}
+    assert not grew, f"new binaries compiled for new sequence lengths: {grew}"
+
+
+@pytest.mark.single_op
+def test_many_sequences_stay_within_launch_limits(monkeypatch):
+    """70000 one-token sequences: the per-chunk and per-sequence grid axes are axis 0 (2^31 - 1); axes
+    1 and 2 carry only head and slice counts (65535 at most)."""
+    launches = Launches(monkeypatch)
+    N = 70_000
+    run_op(N, cu_seqlens=list(range(N + 1)), N=N)
+    chunk_kernels = {kernel for kernel, _, _, _ in launches.calls if "l2norm" not in kernel.fn.__name__}
+    assert len(chunk_kernels) == 8
+    for kernel, grid, _, _ in launches.calls:
+        assert grid[0] < 2**31 and all(axis <= 65535 for axis in grid[1:]), (kernel.fn.__name__, grid)
+        if kernel in chunk_kernels:
+            assert grid[0] >= N, (kernel.fn.__name__, grid)

@@ -1,0 +1,365 @@
+"""The triton backend's fused recurrent kernels (plain and state-pool decode) against the eager
+backend, decode steps against the eager chunk op, and what the GPU compiler makes of them.
+
+Without a CUDA device the kernels run under the Triton interpreter (TRITON_INTERPRET=1), which
+Triton reads when a kernel is decorated: it is set here before the kernel modules are imported.
+This module also holds the sm_90 compile harness the conv and gating tests share
+(`run_on_hopper_compiler`): it compiles launches in a fresh process without the interpreter, since
+the interpreter never runs the compiler.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytest.importorskip("triton")
+
+from gdn.backends.eager import EAGER
+from gdn.backends.triton import decode
+from gdn.ops import PREPARE
+from reference import rel_err
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+PLAIN = "fused_recurrent_gated_delta_rule"
+POOL = "fused_recurrent_gated_delta_rule_update"
+
+
+def run(impl, op: str, *args, **kwargs):
+    """Validate like the public op, then call one backend's implementation directly."""
+    call = PREPARE[op](*args, **kwargs)
+    return impl(*call.args, **call.kwargs)
+
+
+def triton_and_eager(op: str, *args, **kwargs):
+    return run(getattr(decode, op), op, *args, **kwargs), run(EAGER.ops[op], op, *args, **kwargs)
+
+
+def make_inputs(gen, B, T, H, HV, K, V, dtype=torch.float32):
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(DEVICE, dtype)
+
+    q, k, v = randn(B, T, H, K), randn(B, T, H, K, scale=K**-0.5), randn(B, T, HV, V)
+    g = (-torch.rand(B, T, HV, generator=gen) * 0.5).to(DEVICE)  # fp32, as Qwen3.5 computes it
+    beta = torch.rand(B, T, HV, generator=gen).to(DEVICE, dtype)
+    return q, k, v, g, beta
+
+
+def random_pool(gen, slots, HV, K, V):
+    return (torch.randn(slots, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+
+
+# ---------------------------------------------------------------------------------------------------
+# against eager
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize(
+    ("dtype", "B", "T", "H", "HV", "K", "V", "with_state", "l2norm", "scale"),
+    [
+        (torch.float32, 2, 5, 1, 2, 24, 40, True, True, None),  # GVA, K and V not powers of two
+        (torch.float32, 3, 1, 2, 4, 16, 16, False, False, 0.3),
+        (torch.float32, 1, 3, 2, 2, 100, 60, True, False, None),  # V over several slices
+        (torch.bfloat16, 2, 4, 2, 4, 32, 24, True, True, None),
+    ],
+)
+def test_plain_matches_eager(dtype, B, T, H, HV, K, V, with_state, l2norm, scale, gen):
+    q, k, v, g, beta = make_inputs(gen, B, T, H, HV, K, V, dtype)
+    h0 = random_pool(gen, B, HV, K, V) if with_state else None
+    kwargs = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm, scale=scale)
+    (o, final), (ro, rfinal) = triton_and_eager(PLAIN, q, k, v, g, beta, **kwargs)
+    assert o.dtype == v.dtype and final.dtype == torch.float32
+    assert rel_err(o, ro) <= TOL[dtype]
+    assert rel_err(final, rfinal) <= 1e-5
+
+
+@pytest.mark.single_op
+def test_plain_varlen_and_no_final_state(gen):
+    bounds = [0, 3, 3, 7, 8]  # with an empty sequence: its final state is its initial state
+    q, k, v, g, beta = make_inputs(gen, 1, 8, 1, 2, 16, 16)
+    h0 = random_pool(gen, 4, 2, 16, 16)
+    cu = torch.tensor(bounds, device=DEVICE)
+    (o, final), (ro, rfinal) = triton_and_eager(
+        PLAIN, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+    )
+    assert rel_err(o, ro) <= 1e-5 and rel_err(final, rfinal) <= 1e-5
+    assert torch.equal(final[1], h0[1])
+    o_only, none = run(
+        decode.fused_recurrent_gated_delta_rule,
+        PLAIN,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=h0,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert none is None and torch.equal(o_only, o)
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_pool_matches_eager_and_padding_leaves_rows_bit_identical(dtype, gen):
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V, dtype)
+    pool = random_pool(gen, slots, HV, K, V)
+    before, eager_pool = pool.clone(), pool.clone()
+    indices = torch.tensor([4, -1, 0, 2], dtype=torch.int32, device=DEVICE)
+    o = run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, indices)
+    ro = run(EAGER.ops[POOL], POOL, q, k, v, g, beta, eager_pool, indices)
+    assert rel_err(o, ro) <= TOL[dtype]
+    assert rel_err(pool, eager_pool) <= 1e-5
+    assert torch.equal(o[1], torch.zeros_like(o[1]))
+    untouched = [1, 3, 5, 6]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+@pytest.mark.single_op
+def test_pool_varlen_multi_token(gen):
+    bounds = [0, 3, 3, 4, 6, 7]  # a live sequence with no tokens, a padded one, several tokens each
+    q, k, v, g, beta = make_inputs(gen, 1, 7, 1, 2, 8, 8)
+    pool = random_pool(gen, 6, 2, 8, 8)
+    before, eager_pool = pool.clone(), pool.clone()
+    indices = torch.tensor([1, 5, -1, 3, 0], device=DEVICE)
+    kwargs = dict(cu_seqlens=torch.tensor(bounds, device=DEVICE), use_qk_l2norm_in_kernel=True)
+    o = run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, indices, **kwargs)
+    ro = run(EAGER.ops[POOL], POOL, q, k, v, g, beta, eager_pool, indices, **kwargs)
+    assert rel_err(o, ro) <= 1e-5 and rel_err(pool, eager_pool) <= 1e-5
+    assert torch.equal(o[:, 3:4], torch.zeros_like(o[:, 3:4]))
+    assert torch.equal(pool[[2, 4, 5]], before[[2, 4, 5]])  # unnamed, and the live slot without tokens
+
+
+@pytest.mark.single_op
+def test_decode_steps_equal_the_chunk_op(gen):
+    """N one-token decode steps through the pool give eager's chunk output and final state."""
+    steps, B, HV, K, V = 6, 2, 2, 16, 16
+    q, k, v, g, beta = make_inputs(gen, B, steps, 1, HV, K, V)
+    h0 = random_pool(gen, B, HV, K, V)
+    pool = torch.zeros(3, HV, K, V, device=DEVICE)
+    indices = torch.tensor([2, 0], dtype=torch.int32, device=DEVICE)
+    pool[indices.long()] = h0
+    outs = [
+        run(
+            decode.fused_recurrent_gated_delta_rule_update,
+            POOL,
+            *(x[:, t : t + 1] for x in (q, k, v, g, beta)),
+            pool,
+            indices,
+            use_qk_l2norm_in_kernel=True,
+        )
+        for t in range(steps)
+    ]
+    o, final = run(
+        EAGER.ops["chunk_gated_delta_rule"],
+        "chunk_gated_delta_rule",
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=h0,
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
+    )
+    assert rel_err(torch.cat(outs, dim=1), o) <= 1e-5
+    assert rel_err(pool[indices.long()], final) <= 1e-5
+
+
+@pytest.mark.single_op
+def test_forward_only_refuses_inputs_that_need_gradients(gen):
+    q, k, v, g, beta = make_inputs(gen, 1, 2, 1, 1, 8, 8)
+    q.requires_grad_(True)
+    with pytest.raises(NotImplementedError, match=r"forward only .* q require grad"):
+        run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta)
+    pool = random_pool(gen, 1, 1, 8, 8)
+    indices = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(NotImplementedError, match="forward only"):
+        run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, indices)
+    with torch.no_grad():
+        o, _ = run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta)
+    assert o.shape == v.shape
+
+
+@pytest.mark.single_op
+def test_launch_config_heuristic(monkeypatch):
+    monkeypatch.setattr(decode, "_processors", lambda device: 132)
+    gpu = torch.device("cuda", 0)
+
+    def pick(N, K=128, V=128):
+        cfg = decode.launch_config(N, 32, K, V, gpu)
+        return cfg.BV, cfg.num_warps
+
+    assert pick(64) == (32, 4)  # enough programs: whole 128-byte state rows
+    assert pick(4) == (16, 2)  # 4 * 32 * 4 programs would leave the SMs short of loads in flight
+    assert pick(1) == (8, 1)
+    assert pick(256, K=256) == (32, 8)
+    assert pick(256, K=512) == (16, 8)  # the register budget caps the tile
+    monkeypatch.setattr(decode, "OVERRIDES", {"BV": 64, "num_warps": 8})
+    assert pick(64) == (64, 8)
+    monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
+    with pytest.raises(KeyError, match="bv"):
+        pick(64)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the GPU compiler (shared with test_triton_conv and test_triton_gating)
+
+SM90_HARNESS = '''
+import inspect, json, re, subprocess, tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from triton.runtime.jit import JITFunction
+
+DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
+          torch.int64: "i64", torch.bool: "i1"}
+try:  # the ptxas Triton itself picks for sm_90 (Triton >= 3.9 needs its newer one for its PTX)
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    PTXAS = get_ptxas(90).path
+except (ImportError, AttributeError, TypeError):
+    PTXAS = None
+RESULT = {}
+
+
+class Recorder:
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((args, kwargs))
+
+
+def record(module, call):
+    """{kernel name: [launch, ...]}: what call() launches of module's kernels, none of them run."""
+    kernels = {name: k for name, k in vars(module).items() if isinstance(k, JITFunction)}
+    recorders = {name: Recorder() for name in kernels}
+    for name, recorder in recorders.items():
+        setattr(module, name, recorder)
+    try:
+        call()
+    finally:
+        for name, kernel in kernels.items():
+            setattr(module, name, kernel)
+    return {name: [(kernels[name], *launch) for launch in r.launches] for name, r in recorders.items()}
+
+
+def specialize(kernel, args, kwargs):
+    """Signature, constants, attributes and options as a GPU launch specializes them: tensors and
+    ints divisible by 16 get tt.divisibility, ints equal to 1 become constants, except parameters
+    marked do_not_specialize."""
+    bound = inspect.signature(kernel.fn).bind(*args, **{k: v for k, v in kwargs.items() if k in kernel.arg_names})
+    options = {k: v for k, v in kwargs.items() if k not in kernel.arg_names}
+    signature, constexprs, attrs = {}, {}, {}
+    for i, p in enumerate(kernel.params):
+        value = bound.arguments[p.name]
+        if p.is_constexpr or value is None or (type(value) is int and value == 1 and not p.do_not_specialize):
+            signature[p.name], constexprs[p.name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[p.name] = "*" + DTYPES[value.dtype]
+            if value.data_ptr() % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            signature[p.name] = "fp32"
+        else:
+            signature[p.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0 and not p.do_not_specialize:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return signature, constexprs, attrs, options
+
+
+def launch_key(launch):
+    return repr(specialize(*launch))
+
+
+def compile_sm90(launch):
+    """Compiles for sm_90; returns ptxas's register count and spill bytes (None without ptxas)."""
+    signature, constexprs, attrs, options = specialize(*launch)
+    source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
+    binary = compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    if PTXAS is None:
+        return {"registers": None, "spill_bytes": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(binary.asm["ptx"])
+        cmd = [PTXAS, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "kernel.cubin")]
+        log = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    return {
+        "registers": int(re.search(r"Used (\\d+) registers", log).group(1)),
+        "spill_bytes": int(re.search(r"(\\d+) bytes spill stores", log).group(1)),
+    }
+'''
+
+
+def run_on_hopper_compiler(scenario: str) -> dict:
+    """Runs SM90_HARNESS + scenario in a fresh interpreter without TRITON_INTERPRET (so that the
+    kernels are real JIT functions); the scenario fills RESULT, which comes back as JSON."""
+    import triton.compiler
+
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        pytest.skip("no CUDA compiler in this triton (triton-ascend)")
+    if "constexprs" not in inspect.signature(triton.compiler.ASTSource).parameters:
+        pytest.skip("Triton < 3.3 takes another ASTSource signature")
+    script = SM90_HARNESS + textwrap.dedent(scenario) + "\nprint(json.dumps(RESULT))\n"
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+DECODE_SCENARIO = """
+from gdn.backends.triton import decode
+from gdn.ops import PREPARE
+
+def call(op, B, T, K=128, V=128, cu=None, **kwargs):
+    q = torch.randn(B, T, 16, K, dtype=torch.bfloat16)
+    v = torch.randn(B, T, 32, V, dtype=torch.bfloat16)
+    g, beta = torch.randn(B, T, 32), torch.rand(B, T, 32, dtype=torch.bfloat16)
+    if op.endswith("_update"):
+        N = B if cu is None else len(cu) - 1
+        kwargs.update(ssm_pool=torch.zeros(2 * N, 32, K, V), ssm_indices=torch.arange(N, dtype=torch.int32))
+    if cu is not None:
+        kwargs["cu_seqlens"] = torch.tensor(cu)
+    prepared = PREPARE[op](q, q, v, g, beta, use_qk_l2norm_in_kernel=True, **kwargs)
+    return record(decode, lambda: getattr(decode, op)(*prepared.args, **prepared.kwargs))["_recurrent_kernel"][0]
+
+POOL = "fused_recurrent_gated_delta_rule_update"
+PLAIN = "fused_recurrent_gated_delta_rule"
+RESULT["usage"] = {}
+for BV, warps in ((32, 4), (16, 2), (8, 1)):
+    decode.OVERRIDES.update(BV=BV, num_warps=warps)
+    RESULT["usage"][f"pool BV={BV} warps={warps}"] = compile_sm90(call(POOL, 256, 1))
+decode.OVERRIDES.clear()
+RESULT["usage"]["plain varlen K=V=256"] = compile_sm90(
+    call(PLAIN, 1, 9, K=256, V=256, cu=[0, 4, 9], initial_state=torch.zeros(2, 32, 256, 256), output_final_state=True)
+)
+RESULT["keys"] = {
+    "plain": len({launch_key(call(PLAIN, 2, T)) for T in (16, 17, 33)}),
+    "pool varlen": len({launch_key(call(POOL, 1, T, cu=[0, 1, T])) for T in (16, 17, 33)}),
+}
+"""
+
+
+@pytest.mark.single_op
+def test_compiles_for_hopper_without_spills_and_one_binary_per_length():
+    result = run_on_hopper_compiler(DECODE_SCENARIO)
+    for name, usage in result["usage"].items():
+        assert usage["spill_bytes"] in (0, None), f"{name}: {usage}"
+    assert result["keys"] == {"plain": 1, "pool varlen": 1}, "a token count changed a specialized argument"
