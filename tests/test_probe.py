@@ -4,6 +4,7 @@ generation told apart on stand-in packages."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -17,8 +18,10 @@ import pytest
 import torch
 
 from gdn import compute_mode, probe
+from gdn.backends.ascendc import surface
 from gdn.matrix import cli
 from gdn.op_names import OP_NAMES
+from standins import harness
 
 pytestmark = pytest.mark.probe
 
@@ -32,15 +35,30 @@ SECTIONS = {
     "torch_npu",
     "cann",
     "fla_npu",
+    "ascendc",
     "fla",
     "transformers",
     "devices",
     "gdn",
+    "checks",
     "resolution",
 }
+VERDICTS = {"ok", "warn", "fail", "n/a"}
 # variables that would change what the probe sees; each test sets the ones it means to
-PROBE_ENV = ("GDN_COMPUTE_MODE", "GDN_STRICT", "GDN_ASCEND_ROOT", "ASCEND_HOME_PATH", "TRITON_INTERPRET")
+PROBE_ENV = (
+    "GDN_COMPUTE_MODE",
+    "GDN_STRICT",
+    "GDN_NPU_FUSED_FWD",
+    "GDN_ASCEND_ROOT",
+    "ASCEND_HOME_PATH",
+    "ASCEND_OPP_PATH",
+    "TRITON_INTERPRET",
+)
 
+real_ascend_stack = pytest.mark.skipif(
+    importlib.util.find_spec("torch_npu") is None or importlib.util.find_spec("fla_npu") is None,
+    reason="asserts an NPU cell's findings (the real torch_npu and fla_npu wheels)",
+)
 no_accelerator_stack = pytest.mark.skipif(
     importlib.util.find_spec("torch_npu") is not None or torch.cuda.is_available(),
     reason="asserts the CPU-only machine's findings (no torch_npu, no CUDA)",
@@ -54,7 +72,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def run_probe(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-    child_env = {k: v for k, v in os.environ.items() if k not in PROBE_ENV} | env
+    # one intra-op thread: the probe's tensors are tiny, and spin-waiting threads crawl on a busy machine
+    child_env = {k: v for k, v in os.environ.items() if k not in PROBE_ENV} | {"OMP_NUM_THREADS": "1"} | env
     if pythonpath is not None:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
@@ -130,19 +149,21 @@ def test_ascend_home_path_names_the_toolkit_in_use(tmp_path: Path, monkeypatch: 
     assert probe.cann_section()["toolkit"]["version"] == "9.1.0"
 
 
-def test_absent_cann_is_reported_with_the_paths_tried(tmp_path: Path) -> None:
-    manifest = probe_json(GDN_ASCEND_ROOT=str(tmp_path))
-    cann = manifest["cann"]
+def test_absent_cann_is_reported_with_the_paths_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path))
+    cann = probe.cann_section()
     assert cann["present"] is False
     assert cann["toolkit"]["present"] is False
     assert str(tmp_path / "ascend-toolkit") in cann["toolkit"]["reason"]
     assert cann["driver"] == {"present": False, "reason": f"not found: {tmp_path / 'driver' / 'version.info'}"}
 
 
-def test_invalid_env_mode_is_reported_not_raised() -> None:
-    done = run_probe("--json", GDN_COMPUTE_MODE="bogus")
-    assert done.returncode == 0, done.stderr
-    manifest = json.loads(done.stdout)
+def test_invalid_env_mode_is_reported_not_raised(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("GDN_COMPUTE_MODE", "bogus")
+    assert probe.main(["--json"]) == 0
+    manifest = json.loads(capsys.readouterr().out)
     assert manifest["gdn"]["compute_mode"] is None
     assert manifest["gdn"]["compute_mode_error"].startswith("ValueError: environment variable GDN_COMPUTE_MODE")
     assert "'bogus'" in manifest["gdn"]["compute_mode_error"]
@@ -150,11 +171,11 @@ def test_invalid_env_mode_is_reported_not_raised() -> None:
     assert all("'bogus'" in r["error"] for r in manifest["resolution"])
 
 
-def test_invalid_mode_flag_exits_2() -> None:
-    done = run_probe("--json", "--mode", "bogus")
-    assert done.returncode == 2
-    assert done.stdout == ""
-    assert "'bogus'" in done.stderr
+def test_invalid_mode_flag_exits_2(capsys: pytest.CaptureFixture) -> None:
+    assert probe.main(["--json", "--mode", "bogus"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "'bogus'" in err
 
 
 def test_mode_flag_resolves_with_that_mode_and_does_not_outlive_the_call(capsys: pytest.CaptureFixture) -> None:
@@ -181,6 +202,7 @@ def write_stable_fla_npu(root: Path) -> None:
     (package / "ops").mkdir(parents=True)
     (package / "__init__.py").write_text(
         '"""Test stand-in for fla_npu 26.10."""\n'
+        '__gdn_stand_in__ = "fla_npu 26.10 (probe test)"\n'
         "def load_legacy_torch_ops():\n"
         '    raise FileNotFoundError("stand-in: no embedded legacy extension")\n'
         "def is_legacy_torch_ops_loaded():\n"
@@ -202,6 +224,7 @@ def test_stable_fla_npu_stand_in_is_generation_26_10(tmp_path: Path) -> None:
     fla_npu = probe_json(pythonpath=tmp_path)["fla_npu"]
     assert fla_npu["distribution"] == {"name": "flash-linear-attention-npu", "version": "26.10.0"}
     assert fla_npu["import"]["ok"] is True
+    assert fla_npu["stand_in"] == "fla_npu 26.10 (probe test)"
     assert fla_npu["api"] == {
         "load_legacy_torch_ops": True,
         "legacy_torch_ops_loaded": False,
@@ -240,7 +263,7 @@ def test_legacy_fla_npu_stand_in_is_generation_26_6(tmp_path: Path) -> None:
     ],
 )
 def test_fla_npu_generation(has_loader: bool, stable_api: bool, legacy_registered: bool, generation: str) -> None:
-    assert probe.fla_npu_generation(has_loader, stable_api, legacy_registered) == generation
+    assert surface.generation(has_loader, stable_api, legacy_registered) == generation
 
 
 def test_summary_and_output_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -252,6 +275,125 @@ def test_summary_and_output_file(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert f"torch         {torch.__version__}" in summary
     for op in OP_NAMES:
         assert any(line.split() == [op, "cpu", "->", "eager"] for line in summary.splitlines()), op
+    for check in written["checks"]:
+        assert f"{check['verdict']:<5} {check['name']}: {check['detail']}" in summary
+
+
+# ---------------------------------------------------------------- wheel-compat checks
+
+
+def verdicts(manifest: dict[str, Any]) -> dict[str, str]:
+    checks = manifest["checks"]
+    assert [c["name"] for c in checks] == list(dict.fromkeys(c["name"] for c in checks)), "duplicate check"
+    assert {c["verdict"] for c in checks} <= VERDICTS
+    return {c["name"]: c["verdict"] for c in checks}
+
+
+@no_accelerator_stack
+def test_a_machine_without_an_ascend_stack_has_nothing_to_check(manifest: dict[str, Any]) -> None:
+    no_torch_npu = "torch_npu is not importable: ModuleNotFoundError: No module named 'torch_npu'"
+    assert manifest["ascendc"] == {"reason": no_torch_npu}
+    assert verdicts(manifest) == {
+        "cann_toolkit": "n/a",
+        "npu_driver": "n/a",
+        "cann_env": "n/a",
+        "torch_npu": "n/a",
+        "npu_devices": "n/a",
+        "triton_ascend": "n/a",
+        "fla_npu": "n/a",
+        "fla_npu_api": "n/a",
+        "ascendc": "n/a",
+    }
+
+
+def test_missing_cann_is_reported_with_the_exact_errors(tmp_path: Path) -> None:
+    # the stand-ins (tests/standins) fail as the real packages do without CANN: torch_npu cannot
+    # load libhccl.so, fla_npu refuses to import before set_env.sh
+    env = harness.environment(tmp_path, "26.10", cann=False, GDN_STAND_IN_TORCH_NPU="missing-cann")
+    manifest = harness.run_json(env, "gdn.probe", "--json")
+    assert manifest["torch_npu"]["import"]["error"].startswith(
+        "ImportError: libhccl.so: cannot open shared object file: No such file or directory."
+    )
+    assert manifest["fla_npu"]["import"]["error"] == (
+        "RuntimeError: CANN environment is not initialized. Please source the CANN set_env.sh before importing fla_npu."
+    )
+    details = {c["name"]: c["detail"] for c in manifest["checks"]}
+    found = verdicts(manifest)
+    # an Ascend stack is expected now, so triton-ascend is judged (ok where a cell installs it)
+    assert found.pop("triton_ascend") in ("ok", "warn")
+    assert found == {
+        "cann_toolkit": "fail",
+        "npu_driver": "fail",
+        "cann_env": "fail",
+        "torch_npu": "fail",
+        "npu_devices": "n/a",
+        "fla_npu": "fail",
+        "fla_npu_api": "n/a",
+        "ascendc": "n/a",
+    }
+    assert details["torch_npu"].endswith(
+        "(CANN's libraries are not on the loader path: install CANN and source its set_env.sh)"
+    )
+    assert details["fla_npu"].endswith("(source CANN's set_env.sh before importing fla_npu)")
+    assert details["cann_env"] == "set_env.sh not sourced: ASCEND_HOME_PATH and ASCEND_OPP_PATH unset"
+
+
+def with_npu(manifest: dict[str, Any], **triton: str) -> dict[str, Any]:
+    """The local manifest as a cell with a working torch_npu and two NPUs would show it."""
+    m = copy.deepcopy(manifest)
+    m["torch_npu"] = {
+        "distribution": {"name": "torch_npu", "version": "2.9.0.post3"},
+        "import": {"ok": True, "version": "2.9.0.post3"},
+        "devices": ["Ascend910B3", "Ascend910B3"],
+        "device_count": 2,
+    }
+    m["triton"]["distributions"] = triton
+    m["triton"]["flavour"] = "+".join(triton)
+    return m
+
+
+@pytest.mark.parametrize(
+    ("triton", "verdict", "detail"),
+    [
+        ({"triton-ascend": "3.2.1"}, "ok", "3.2.1"),
+        ({}, "warn", "not installed: the triton backend cannot target the NPU"),
+        (
+            {"triton": "3.2.0", "triton-ascend": "3.2.1"},
+            "warn",
+            "both triton and triton-ascend installed (triton+triton-ascend): the last wins",
+        ),
+    ],
+)
+def test_triton_ascend_check(manifest: dict[str, Any], triton: dict, verdict: str, detail: str) -> None:
+    checks = {c["name"]: c for c in probe.checks_section(with_npu(manifest, **triton))}
+    assert (checks["triton_ascend"]["verdict"], checks["triton_ascend"]["detail"]) == (verdict, detail)
+    assert checks["npu_devices"] == {"name": "npu_devices", "verdict": "ok", "detail": "2 x Ascend910B3"}
+    assert checks["torch_npu"] == {"name": "torch_npu", "verdict": "ok", "detail": "torch_npu 2.9.0.post3"}
+    # an Ascend stack without CANN is broken, not merely absent
+    assert checks["cann_toolkit"]["verdict"] == "fail"
+
+
+@real_ascend_stack
+def test_the_installed_ascend_stack_passes_its_checks(manifest: dict[str, Any]) -> None:
+    failed = [c for c in manifest["checks"] if c["verdict"] == "fail"]
+    assert failed == []
+    assert "stand_in" not in manifest["fla_npu"] and "stand_in" not in manifest["torch_npu"]
+
+
+@real_ascend_stack
+def test_the_installed_fla_npu_serves_the_training_ops_on_its_generation_route(manifest: dict[str, Any]) -> None:
+    plan = manifest["ascendc"]
+    assert "reason" not in plan, plan["reason"]
+    generation = plan["surface"]["generation"]
+    routes = {
+        "26.6-legacy": {"ascendc:legacy-torch-ops"},
+        "26.10-stable": {"ascendc:stable-api", "ascendc:composite-fwd"},
+    }[generation]
+    assert plan["routes"]["chunk_gated_delta_rule"]["route"] in routes
+    on_npu = {r["op"]: r for r in manifest["resolution"] if r["device"] == "npu"}
+    chunk = on_npu["chunk_gated_delta_rule"]
+    assert (chunk["backend"], chunk["route"]) == ("ascendc", plan["routes"]["chunk_gated_delta_rule"]["route"])
+    assert chunk["probe"]["passed"] is True
 
 
 def test_gdn_matrix_probe_json(capsys: pytest.CaptureFixture) -> None:

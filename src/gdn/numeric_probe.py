@@ -47,11 +47,11 @@ class Case:
     grad: tuple[str, ...] = ()
 
 
-def _cases(op: str, gen: torch.Generator) -> Iterator[Case]:
+def _cases(op: str, gen: torch.Generator, K: int = 32, V: int = 32) -> Iterator[Case]:
     def randn(*shape, scale=1.0):
         return torch.randn(*shape, generator=gen) * scale
 
-    def gdn_inputs(B, T, H=2, HV=4, K=32, V=32):
+    def gdn_inputs(B, T, H=2, HV=4):
         return dict(
             q=randn(B, T, H, K),
             k=randn(B, T, H, K),
@@ -66,7 +66,7 @@ def _cases(op: str, gen: torch.Generator) -> Iterator[Case]:
             "dense",
             dict(
                 **gdn_inputs(2, 80),
-                initial_state=randn(2, 4, 32, 32, scale=0.1),
+                initial_state=randn(2, 4, K, V, scale=0.1),
                 output_final_state=True,
                 use_qk_l2norm_in_kernel=True,
             ),
@@ -78,7 +78,7 @@ def _cases(op: str, gen: torch.Generator) -> Iterator[Case]:
             dict(
                 **gdn_inputs(1, 130),
                 cu_seqlens=lens,
-                initial_state=randn(4, 4, 32, 32),
+                initial_state=randn(4, 4, K, V),
                 output_final_state=True,
                 use_qk_l2norm_in_kernel=True,
             ),
@@ -89,7 +89,7 @@ def _cases(op: str, gen: torch.Generator) -> Iterator[Case]:
             "pool",
             dict(
                 **gdn_inputs(3, 2),
-                ssm_pool=randn(5, 4, 32, 32, scale=0.1),
+                ssm_pool=randn(5, 4, K, V, scale=0.1),
                 ssm_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
                 use_qk_l2norm_in_kernel=True,
             ),
@@ -179,8 +179,31 @@ def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[st
     return collected
 
 
+# States, pools and the log decay stay fp32 when the probe runs in half precision, as in the op contract.
+FP32_INPUTS = frozenset({"g", "initial_state", "initial_states", "ssm_pool", "conv_states", "conv_state"})
+
+
+def _in_dtype(case: Case, dtype: torch.dtype | None) -> Case:
+    if dtype is None:
+        return case
+    args = {
+        name: value.to(dtype)
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and name not in FP32_INPUTS
+        else value
+        for name, value in case.args.items()
+    }
+    return Case(case.name, args, case.grad)
+
+
 def probe_op(
-    op: str, fn: Callable, device: torch.device, tolerance: float | None = None, *, with_grad: bool = True
+    op: str,
+    fn: Callable,
+    device: torch.device,
+    tolerance: float | None = None,
+    *,
+    with_grad: bool = True,
+    dtype: torch.dtype | None = None,
+    head_dims: tuple[int, int] | None = None,
 ) -> ProbeReport:
     from gdn.resolve import backends
 
@@ -189,7 +212,8 @@ def probe_op(
     seed = int.from_bytes(os.urandom(4), "little")
     report = ProbeReport(passed=True, reason=None, seed=seed, tolerance=tol)
     gen = torch.Generator().manual_seed(seed)
-    for case in _cases(op, gen):
+    for case in _cases(op, gen, *(head_dims or ())):
+        case = _in_dtype(case, dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
         ref = _collect(op, eager, case, device)

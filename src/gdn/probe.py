@@ -33,12 +33,7 @@ DEFAULT_ASCEND_ROOT = "/usr/local/Ascend"
 TOOLKIT_INFO = "ascend_toolkit_install.info"
 
 TRITON_DISTRIBUTIONS = ("triton", "triton-ascend")
-FLA_NPU_DISTRIBUTIONS = ("flash-linear-attention-npu", "fla-npu", "fla_npu")
 FLA_DISTRIBUTIONS = ("fla-core", "flash-linear-attention")
-FLA_NPU_STABLE_MODULE = "fla_npu.ops.ascendc"
-FLA_NPU_COMPOSITE_FWD = "npu_chunk_gated_delta_rule_fwd"
-# one of the ops fla_npu 26.6 registers under torch.ops.npu on import
-FLA_NPU_LEGACY_OP = "npu_chunk_gated_delta_rule_fwd_h"
 
 Section = dict[str, Any]
 
@@ -135,11 +130,22 @@ def _npu_device_names() -> list[str]:
     return [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())]
 
 
+def _mark_stand_in(section: Section, module: ModuleType) -> None:
+    """The test stand-ins for torch_npu and fla_npu (tests/standins) carry a label: results they
+    produced are marked as stand-in results in the manifest."""
+    from gdn.backends.ascendc.surface import STAND_IN_ATTR
+
+    label = getattr(module, STAND_IN_ATTR, None)
+    if label is not None:
+        section["stand_in"] = label
+
+
 def torch_npu_section() -> Section:
     # torch_npu's import fails without CANN (libhccl.so); _import turns that into the report
     torch_npu, imported = _import("torch_npu")
     section: Section = {"distribution": _distribution("torch_npu"), "import": imported}
     if torch_npu is not None:
+        _mark_stand_in(section, torch_npu)
         _guarded(section, "devices", _npu_device_names)
         section["device_count"] = len(section["devices"] or [])
     return section
@@ -176,47 +182,51 @@ def cann_section() -> Section:
         "present": toolkit["present"] or driver["present"],
         "root": str(root),
         "ascend_home_path": home,
+        # set_env.sh sets these; fla_npu refuses to import without one of them
+        "ascend_opp_path": os.environ.get("ASCEND_OPP_PATH"),
         "toolkit": toolkit,
         "driver": driver,
     }
 
 
-def fla_npu_generation(has_loader: bool, stable_api: bool, legacy_registered: bool) -> str:
-    """26.10 moved the raw ops to fla_npu.ops.ascendc and put the torch.ops.npu registrations behind
-    load_legacy_torch_ops(); 26.6 has no such loader and registers torch.ops.npu.* on import."""
-    if has_loader and stable_api:
-        return "26.10-stable"
-    if not has_loader and legacy_registered:
-        return "26.6-legacy"
-    return "unknown"
-
-
-def _legacy_ops_registered() -> bool:
-    import torch
-
-    return hasattr(torch.ops.npu, FLA_NPU_LEGACY_OP)
-
-
 def fla_npu_api(fla_npu: ModuleType) -> Section:
+    """What the installed fla_npu exposes as imported, before anything is loaded from it."""
+    from gdn.backends.ascendc import surface
+    from gdn.backends.ascendc.raw import COMPOSITE_FWD
+
     has_loader = callable(getattr(fla_npu, "load_legacy_torch_ops", None))
-    ascendc, stable = _import(FLA_NPU_STABLE_MODULE)
+    ascendc, stable = _import(surface.STABLE_MODULE)
     api: Section = {"load_legacy_torch_ops": has_loader, "legacy_torch_ops_loaded": None}
     is_loaded = getattr(fla_npu, "is_legacy_torch_ops_loaded", None)
     if callable(is_loaded):
         _guarded(api, "legacy_torch_ops_loaded", lambda: bool(is_loaded()))
     api["stable_module"] = stable
-    api["composite_fwd"] = ascendc is not None and hasattr(ascendc, FLA_NPU_COMPOSITE_FWD)
-    _guarded(api, "legacy_ops_registered", _legacy_ops_registered)
-    api["generation"] = fla_npu_generation(has_loader, ascendc is not None, api["legacy_ops_registered"] is True)
+    api["composite_fwd"] = ascendc is not None and hasattr(ascendc, COMPOSITE_FWD)
+    _guarded(api, "legacy_ops_registered", surface.legacy_registered)
+    api["generation"] = surface.generation(has_loader, ascendc is not None, api["legacy_ops_registered"] is True)
     return api
 
 
 def fla_npu_section() -> Section:
+    from gdn.backends.ascendc import surface
+
     fla_npu, imported = _import("fla_npu")
-    section: Section = {"distribution": _distribution(*FLA_NPU_DISTRIBUTIONS), "import": imported}
+    section: Section = {"distribution": _distribution(*surface.DISTRIBUTIONS), "import": imported}
     if fla_npu is not None:
+        _mark_stand_in(section, fla_npu)
         section["api"] = _section(lambda: fla_npu_api(fla_npu))
     return section
+
+
+def ascendc_section() -> Section:
+    """The ascendc backend's routes: fla_npu loaded as the backend loads it (legacy extension included),
+    each op's route and why every other route was not taken, the conv probe, strict-mode violations."""
+    from gdn.backends.ascendc import device, routes
+
+    npu = device.locate()
+    if npu.device is None:
+        return {"reason": npu.error}
+    return routes.plan().record()
 
 
 def fla_section() -> Section:
@@ -284,6 +294,165 @@ def resolution_section(torch_npu: Section) -> list[Section]:
     return records
 
 
+# ---------------------------------------------------------------- wheel-compat checks
+# Each check reads the sections above and gives a verdict: ok, warn (works, degraded or worth a
+# look), fail (broken: an NPU stack piece that cannot work, a kernel rejected by its numeric probe)
+# or n/a (the piece is not part of this cell's stack).
+
+Check = dict[str, str]
+HINTS = {
+    "libhccl.so": "CANN's libraries are not on the loader path: install CANN and source its set_env.sh",
+    "set_env.sh": "source CANN's set_env.sh before importing fla_npu",
+}
+
+
+def _check(name: str, verdict: str, detail: str) -> Check:
+    return {"name": name, "verdict": verdict, "detail": detail}
+
+
+def _ok(section: Any) -> bool:
+    return isinstance(section, dict) and "error" not in section
+
+
+def _not_installed(section: Section) -> bool:
+    return section.get("distribution") is None and str(section["import"].get("error", "")).startswith(
+        "ModuleNotFoundError"
+    )
+
+
+def _with_hint(error: str) -> str:
+    hints = [hint for marker, hint in HINTS.items() if marker in error]
+    return error + (f" ({hints[0]})" if hints else "")
+
+
+def _stand_in_note(section: Section) -> str:
+    return f" [stand-in: {section['stand_in']}]" if section.get("stand_in") else ""
+
+
+def _npu_stack(m: dict[str, Any]) -> bool:
+    """Whether this cell carries an Ascend stack (then a missing piece of it is a failure)."""
+    return any(_ok(m[name]) and not _not_installed(m[name]) for name in ("torch_npu", "fla_npu"))
+
+
+def _cann_checks(m: dict[str, Any], missing: str) -> list[Check]:
+    cann = m["cann"]
+    if not _ok(cann):
+        return [_check("cann", "fail", cann["error"])]
+    checks = []
+    for name, part in (("cann_toolkit", cann["toolkit"]), ("npu_driver", cann["driver"])):
+        if part["present"]:
+            checks.append(_check(name, "ok", f"{part['version']} ({part['path']})"))
+        else:
+            checks.append(_check(name, missing, part["reason"]))
+    sourced = cann["ascend_home_path"] or cann["ascend_opp_path"]
+    env = "set_env.sh sourced" if sourced else "set_env.sh not sourced: ASCEND_HOME_PATH and ASCEND_OPP_PATH unset"
+    checks.append(_check("cann_env", "ok" if sourced else missing, env))
+    return checks
+
+
+def _package_check(name: str, section: Any, describe: Callable[[Section], str]) -> Check:
+    if not _ok(section):
+        return _check(name, "fail", section["error"])
+    if _not_installed(section):
+        return _check(name, "n/a", "not installed")
+    if not section["import"]["ok"]:
+        return _check(name, "fail", "import failed: " + _with_hint(section["import"]["error"]))
+    return _check(name, "ok", describe(section) + _stand_in_note(section))
+
+
+def _installed_text(section: Section) -> str:
+    dist = section["distribution"]
+    return _dist_text(dist) if dist else "imports (no distribution metadata)"
+
+
+def _npu_devices_check(m: dict[str, Any]) -> Check:
+    torch_npu = m["torch_npu"]
+    if not _ok(torch_npu) or not torch_npu["import"]["ok"]:
+        return _check("npu_devices", "n/a", "torch_npu does not import")
+    if torch_npu.get("device_count"):
+        return _check("npu_devices", "ok", f"{torch_npu['device_count']} x {torch_npu['devices'][0]}")
+    return _check("npu_devices", "warn", "torch_npu imports but sees no NPU" + _stand_in_note(torch_npu))
+
+
+def _triton_ascend_check(m: dict[str, Any], npu: bool) -> Check:
+    triton = m["triton"]
+    if not npu:
+        return _check("triton_ascend", "n/a", "no Ascend stack")
+    if not _ok(triton):
+        return _check("triton_ascend", "fail", triton["error"])
+    installed = triton["distributions"]
+    if "triton-ascend" not in installed:
+        return _check("triton_ascend", "warn", "not installed: the triton backend cannot target the NPU")
+    if "triton" in installed:
+        return _check(
+            "triton_ascend", "warn", f"both triton and triton-ascend installed ({triton['flavour']}): the last wins"
+        )
+    return _check("triton_ascend", "ok", installed["triton-ascend"])
+
+
+def _fla_npu_api_check(fla_npu: Any) -> Check:
+    api = fla_npu.get("api") if _ok(fla_npu) else None
+    if api is None:
+        return _check("fla_npu_api", "n/a", "fla_npu does not import")
+    if "error" in api:
+        return _check("fla_npu_api", "fail", api["error"])
+    generation = api["generation"]
+    return _check("fla_npu_api", "warn" if generation == "unknown" else "ok", f"generation {generation}")
+
+
+def _ascendc_checks(m: dict[str, Any]) -> list[Check]:
+    plan = m["ascendc"]
+    if not _ok(plan):
+        return [_check("ascendc", "fail", plan["error"])]
+    if "reason" in plan:
+        return [_check("ascendc", "n/a", plan["reason"])]
+    surface = plan["surface"]
+    if surface["import_error"]:
+        return [_check("ascendc", "n/a", f"fla_npu does not import: {surface['import_error']}")]
+    legacy = surface["legacy_torch_ops"]
+    checks = [
+        _check(
+            "fla_npu_legacy_extension",
+            "ok" if surface["legacy_loaded"] else "warn",
+            legacy if surface["legacy_loaded"] else f"{legacy} (torch.ops.npu.* callers fail; the stable API serves)",
+        )
+    ]
+    chunk = plan["routes"].get("chunk_gated_delta_rule", {})
+    composite = [r["reason"] for r in chunk.get("rejected", []) if r["route"].endswith("composite-fwd")]
+    if chunk.get("route", "").endswith("composite-fwd"):
+        checks.append(_check("fla_npu_composite_fwd", "ok", chunk["detail"]))
+    else:
+        why = composite[0] if composite else "the chunk op has no route"
+        verdict = "n/a"
+        if plan["fused_fwd"].endswith("=1"):  # asked for and missing: GDN_STRICT=1 refuses to serve then
+            verdict = "fail" if _ok(m["gdn"]) and m["gdn"]["strict"] else "warn"
+        checks.append(_check("fla_npu_composite_fwd", verdict, f"{plan['fused_fwd']}: {why}"))
+    for op, entry in plan["routes"].items():
+        probed = [r for r in entry["rejected"] if r["probe"] is not None]
+        others = "; ".join(f"{r['route']}: {r['reason']}" for r in entry["rejected"])
+        if entry["route"] is None:
+            verdict = "fail" if probed else "warn"
+            checks.append(_check(f"ascendc_route:{op}", verdict, f"no route, another backend serves ({others})"))
+        else:
+            verdict = "warn" if probed else "ok"
+            checks.append(_check(f"ascendc_route:{op}", verdict, entry["route"] + (f" ({others})" if others else "")))
+    return checks
+
+
+def checks_section(m: dict[str, Any]) -> list[Check]:
+    npu = _npu_stack(m)
+    missing = "fail" if npu else "n/a"
+    return [
+        *_cann_checks(m, missing),
+        _package_check("torch_npu", m["torch_npu"], _installed_text),
+        _npu_devices_check(m),
+        _triton_ascend_check(m, npu),
+        _package_check("fla_npu", m["fla_npu"], _installed_text),
+        _fla_npu_api_check(m["fla_npu"]),
+        *_ascendc_checks(m),
+    ]
+
+
 def collect_manifest(include_resolution: bool = True) -> dict[str, Any]:
     torch_npu = _section(torch_npu_section)
     manifest: dict[str, Any] = {
@@ -296,11 +465,14 @@ def collect_manifest(include_resolution: bool = True) -> dict[str, Any]:
         "torch_npu": torch_npu,
         "cann": _section(cann_section),
         "fla_npu": _section(fla_npu_section),
+        # after fla_npu: the backend loads what fla_npu offers (its legacy extension, for one)
+        "ascendc": _section(ascendc_section),
         "fla": _section(fla_section),
         "transformers": _section(transformers_section),
         "devices": _section(lambda: devices_section(torch_npu)),
         "gdn": _section(gdn_section),
     }
+    manifest["checks"] = _section(lambda: checks_section(manifest))
     if include_resolution:
         manifest["resolution"] = _section(lambda: resolution_section(torch_npu))
     return manifest
@@ -327,11 +499,18 @@ def _triton_text(s: Section) -> str:
 
 
 def _fla_npu_text(s: Section) -> str:
-    text = f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}"
+    text = f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}{_stand_in_note(s)}"
     api = s.get("api")
     if api is None:
         return text
     return f"{text}; generation {api.get('generation', api.get('error'))}"
+
+
+def _ascendc_text(s: Section) -> str:
+    if "reason" in s:
+        return f"not active: {s['reason']}"
+    routes = ", ".join(f"{op} -> {entry['route'] or 'none'}" for op, entry in s["routes"].items())
+    return f"{s['surface']['generation']}; {routes or s['surface']['import_error']}"
 
 
 def _devices_text(s: Section) -> str:
@@ -350,11 +529,12 @@ SUMMARIES: dict[str, Callable[[Section], str]] = {
     "torch": lambda s: f"{s['version']} (cuda {s['cuda']}, hip {s['hip']}, debug {s['debug']})",
     "triton": _triton_text,
     "torch_npu": lambda s: (
-        f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}"
+        f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}{_stand_in_note(s)}"
         + (f"; {s['device_count']} device(s)" if "device_count" in s else "")
     ),
     "cann": lambda s: f"toolkit {_version_text(s['toolkit'])}; driver {_version_text(s['driver'])} (root {s['root']})",
     "fla_npu": _fla_npu_text,
+    "ascendc": _ascendc_text,
     "fla": lambda s: f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}",
     "transformers": lambda s: _dist_text(s["distribution"]),
     "devices": _devices_text,
@@ -378,6 +558,11 @@ def format_summary(manifest: dict[str, Any]) -> str:
         section = manifest[name]
         text = f"error: {section['error']}" if "error" in section else describe(section)
         lines.append(f"{name:<13} {text}")
+    checks = manifest["checks"]
+    if isinstance(checks, dict):
+        lines.append(f"checks        error: {checks['error']}")
+    else:
+        lines += ["", "checks:", *(f"{c['verdict']:<5} {c['name']}: {c['detail']}" for c in checks)]
     resolution = manifest.get("resolution")
     if isinstance(resolution, dict):
         lines.append(f"resolution    error: {resolution['error']}")

@@ -160,12 +160,20 @@ def _decide(op: str, device: torch.device, mode: str) -> Resolution:
         reason = backend.why_unavailable(device_type)
         fn = None if reason else backend.implementation(op)
         if reason is None and fn is None:
-            reason = f"does not implement {op}"
+            reason = backend.why_op_unavailable(op) or f"does not implement {op}"
         route = None if reason else backend.route_of(op)
         probe = None
         forward_only = op in backend.forward_only
         if reason is None and backend.needs_probe:
-            report = probe_op(op, fn, device, backend.probe_tolerance.get(op), with_grad=not forward_only)
+            report = probe_op(
+                op,
+                fn,
+                device,
+                backend.probe_tolerance.get(op),
+                with_grad=not forward_only,
+                dtype=backend.probe_dtype,
+                head_dims=backend.probe_head_dims,
+            )
             probe = report.record()
             if not report.passed:
                 reason = f"numeric probe failed: {report.reason}"

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
-    from gdn.backends import fla, triton
+    from gdn.backends import ascendc, fla, triton
     from gdn.backends.eager import EAGER
 
-    return [EAGER, triton.make_backend(), fla.make_backend()]
+    return [EAGER, ascendc.ASCENDC, triton.make_backend(), fla.make_backend()]

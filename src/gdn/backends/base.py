@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 OpTable = Mapping[str, Callable]
 
@@ -36,6 +37,10 @@ class Backend:
     probe_tolerance: Mapping[str, float] = field(default_factory=dict)
     # ops served for inference only: probed without gradients; a call that needs gradients runs eager
     forward_only: frozenset[str] = frozenset()
+    # the numeric probe's input dtype (None: fp32) and (K, V) head dims (None: small defaults), for
+    # kernels that take only half precision or only some head sizes
+    probe_dtype: Any = None
+    probe_head_dims: tuple[int, int] | None = None
     _load_error: str | None = field(default=None, init=False, repr=False)
 
     def _table(self) -> OpTable | None:
@@ -60,6 +65,10 @@ class Backend:
     def implementation(self, op: str) -> Callable | None:
         table = self._table()
         return None if table is None else table.get(op)
+
+    def why_op_unavailable(self, op: str) -> str | None:
+        """Why this backend has no implementation of op (None: it simply does not serve it)."""
+        return None
 
     def route_of(self, op: str) -> str:
         return self.route(op) if self.route is not None else self.name

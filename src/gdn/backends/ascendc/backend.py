@@ -1,0 +1,78 @@
+"""The `ascendc` Backend object: fla_npu's AscendC kernels on Ascend NPUs, first in auto there.
+
+Its routes are resolved once per process (routes.py). Asked for an op whose route decision violates
+GDN_STRICT=1 (a route rejected by its numeric probe, GDN_NPU_FUSED_FWD=1 without the composite op),
+it raises GdnBackendError, in auto mode too: a kernel that is finite but wrong is never silently
+skipped when the user asked not to degrade. Other ops are served as usual.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gdn.backends.ascendc import device as npu_device
+from gdn.backends.ascendc import routes
+from gdn.backends.base import Backend, OpTable
+from gdn.resolve import STRICT_ENV, GdnBackendError, strict
+
+NAME = "ascendc"
+
+# The generic numeric probe feeds fp32 inputs, which these kernels take in bf16: its errors are those
+# of bf16 rounding at the kernels' inputs and between the chained ops (measured with the stand-ins:
+# ~3e-3 outputs, up to ~6e-3 gradients, see tests/test_ascendc_adapters.py); a wrong term costs O(1).
+PROBE_TOLERANCE = {
+    "chunk_gated_delta_rule": 2e-2,
+    "fused_recurrent_gated_delta_rule": 2e-2,
+    "fused_recurrent_gated_delta_rule_update": 2e-2,
+    "causal_conv1d_fn": 2e-2,
+}
+
+
+def _check(device_type: str) -> str | None:
+    return npu_device.why_not(device_type, npu_device.locate()) or routes.plan().unavailable
+
+
+def _load() -> OpTable:
+    return {op: entry.fn for op, entry in routes.plan().ops.items() if entry.fn is not None}
+
+
+def _route(op: str) -> str:
+    return routes.plan().ops[op].route or NAME
+
+
+@dataclass(eq=False)
+class AscendcBackend(Backend):
+    """Adds what the resolver cannot ask a plain Backend: why one op has no route, and the inputs its
+    numeric probe should use (the kernels take bf16; the composite forward needs K = 128)."""
+
+    probe_dtype: torch.dtype = torch.bfloat16
+    probe_head_dims: tuple[int, int] = (128, 128)
+
+    def why_op_unavailable(self, op: str) -> str | None:
+        entry = routes.plan().ops.get(op)
+        return None if entry is None else entry.reason
+
+    def implementation(self, op: str) -> Callable | None:
+        entry = routes.plan().ops.get(op)
+        if entry is not None and entry.strict_error and strict():
+            raise GdnBackendError(
+                f"gdn: {op}: backend '{NAME}': {entry.strict_error}, and {STRICT_ENV}=1 forbids falling back"
+            )
+        return super().implementation(op)
+
+
+def make_backend() -> AscendcBackend:
+    return AscendcBackend(
+        name=NAME,
+        loader=_load,
+        devices=("npu", "cpu"),  # cpu only under the stand-in torch_npu (device.py)
+        check=_check,
+        auto_rank={"npu": 0},
+        route=_route,
+        probe_tolerance=PROBE_TOLERANCE,
+        # npu_recurrent_gated_delta_rule has no backward: calls that need gradients run eager
+        forward_only=frozenset(routes.RECURRENT_OPS),
+    )

@@ -1,0 +1,205 @@
+"""chunk_gated_delta_rule on fla_npu's AscendC ops: the decomposed forward (three AscendC ops after
+the torch chunk helpers) or the 26.10 composite forward, and one decomposed backward for both.
+
+The decomposed chain is head-first ([B, H, T, D], g and beta [B, HV, T]); its forward transposes once
+and saves exactly the head-first tensors the backward consumes (q, k, v, the cumulated gate, beta, A
+and the initial state), so the backward recomputes w, u, h and v_new without another copy. The
+composite forward is layout-native (token-major in, o token-major out) and returns the cumulated gate
+and A itself; it saves the token-major inputs with those two, and the backward makes the head-first
+copies the decomposed forward would have made. Nothing else is saved in either case.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gdn._validate import GdnShapes
+from gdn.backends.ascendc import chunk_prep
+from gdn.backends.ascendc.knobs import kernel_dtype, log_once
+from gdn.backends.ascendc.layout import CHUNK, Sequences, sequences
+from gdn.backends.ascendc.raw import CHUNK_OPS, COMPOSITE_FWD, RawOps
+from gdn.backends.eager.gated_delta import l2norm_fp32
+
+# the shapes npu_chunk_gated_delta_rule_fwd supports; other shapes run the decomposed forward
+COMPOSITE_K = 128
+COMPOSITE_V = (128, 256)
+
+
+@dataclass(frozen=True)
+class ChunkKernels:
+    """The AscendC ops of one route, bound once; `composite` is None when it is not used."""
+
+    recompute_w_u: Callable
+    fwd_h: Callable
+    fwd_o: Callable
+    bwd_dv_local: Callable
+    bwd_dhu: Callable
+    bwd_dqkwg: Callable
+    wy_bwd_da: Callable
+    wy_bwd_full: Callable
+    composite: Callable | None = None
+
+    @classmethod
+    def bind(cls, ops: RawOps, composite: RawOps | None = None) -> ChunkKernels:
+        chain = [ops.get(name) for name in CHUNK_OPS]
+        return cls(*chain, composite=None if composite is None else composite.get(COMPOSITE_FWD))
+
+
+@dataclass(frozen=True)
+class _Call:
+    kernels: ChunkKernels
+    seqs: Sequences
+    scale: float
+    want_final: bool
+
+
+def _forward_chain(kernels: ChunkKernels, lists: dict, k, v, g, beta, A, h0, want_final: bool):
+    """w, u, then the state pass: (h, v_new, final)."""
+    w, u = kernels.recompute_w_u(k, v, beta, A, CHUNK, g=g, **lists)
+    h, v_new, final = kernels.fwd_h(
+        k, w, u, g, initial_state=h0, output_final_state=want_final, chunk_size=CHUNK, **lists
+    )
+    return w, h, v_new, final
+
+
+def _head_first(x: torch.Tensor) -> torch.Tensor:
+    return x.transpose(1, 2).contiguous()
+
+
+def _backward(call: _Call, q, k, v, g, beta, A, h0, do, dht):
+    """Head-first saved tensors -> token-major (dq, dk, dv, dg, dbeta, dh0)."""
+    kernels, lists, scale = call.kernels, call.seqs.host_lists(), call.scale
+    do = _head_first(do.to(v.dtype))
+    w, h, v_new, _ = _forward_chain(kernels, lists, k, v, g, beta, A, h0, want_final=False)
+    dv = kernels.bwd_dv_local(q, k, do, g, scale, CHUNK, A=A, **lists)
+    dh, dh0, dv = kernels.bwd_dhu(q, k, w, do, dv, scale, CHUNK, g=g, h0=h0, dht=dht, **lists)
+    dq, dk, dw, dg = kernels.bwd_dqkwg(q, k, v_new, g, h, do, dh, dv, CHUNK, scale=scale, **lists)
+    dA = kernels.wy_bwd_da(k, v, beta, A, dw, dv, g, chunk_size=CHUNK, **lists)
+    dk_wy, dv, dbeta, dg_wy = kernels.wy_bwd_full(k, v, beta, A, dA, dw, dv, g, CHUNK, **lists)
+    dk = (dk.float() + dk_wy.float()).to(k.dtype)
+    dg = (dg.float() + dg_wy.float()).transpose(1, 2)  # gradient of the cumulated gate, token-major
+    slots, chunks = call.seqs.chunk_slots(dg.device)
+    dg = chunk_prep.reverse_local_cumsum(dg.reshape(-1, dg.shape[-1]), slots, chunks).view_as(dg)
+    grads = (dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), dg, dbeta.float().transpose(1, 2))
+    return (*grads, None if h0 is None else dh0.to(h0.dtype))
+
+
+class _Decomposed(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, call: _Call):
+        seqs = call.seqs
+        slots, chunks = seqs.chunk_slots(q.device)
+        B, T, HV = g.shape
+        g_cum = chunk_prep.local_cumsum(g.reshape(B * T, HV), slots, chunks)
+        A = chunk_prep.wy_inverse(k.reshape(B * T, *k.shape[2:]).float(), beta.reshape(B * T, HV), g_cum, slots, chunks)
+        A = A.view(B, T, HV, CHUNK).transpose(1, 2).to(k.dtype).contiguous()
+        q, k, v = _head_first(q), _head_first(k), _head_first(v)
+        g_cum, beta = _head_first(g_cum.view(B, T, HV)), _head_first(beta)
+        lists = seqs.host_lists()
+        _, h, v_new, final = _forward_chain(call.kernels, lists, k, v, g_cum, beta, A, h0, call.want_final)
+        o = call.kernels.fwd_o(q, k, v_new, h, call.scale, g=g_cum, chunk_size=CHUNK, **lists)
+        ctx.save_for_backward(q, k, v, g_cum, beta, A, h0)
+        ctx.call = call
+        return o.transpose(1, 2), final if call.want_final else None
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        grads = _backward(ctx.call, *ctx.saved_tensors, do, dfinal)
+        return (*grads, None)
+
+
+class _Composite(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, h0, call: _Call):
+        # layout-native means dense BSND: callers' views (a transpose upstream) are laid out first
+        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+        outputs = call.kernels.composite(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            initial_state=h0,
+            output_final_state=call.want_final,
+            chunk_size=CHUNK,
+            scale=call.scale,
+            layout="BSND",
+            use_exp2=False,
+            use_qk_l2norm_in_kernel=False,
+            use_gate_in_kernel=False,
+            use_beta_sigmoid_in_kernel=False,
+            disable_recompute=True,
+            return_intermediate_states=False,
+            state_v_first=False,
+            **call.seqs.host_lists(),
+        )
+        o, final, g_cum, A = outputs[:4]
+        if g_cum is None or A is None:
+            raise RuntimeError(
+                f"{COMPOSITE_FWD} returned no g_cumsum / A although disable_recompute=True: this fla_npu's "
+                "composite contract differs from the 26.10 one the adapter follows; set GDN_NPU_FUSED_FWD=0"
+            )
+        ctx.save_for_backward(q, k, v, g_cum, beta, A, h0)
+        ctx.call = call
+        return o, final if call.want_final else None
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        q, k, v, g_cum, beta, A, h0 = ctx.saved_tensors
+        heads = (_head_first(x) for x in (q, k, v, g_cum, beta))
+        grads = _backward(ctx.call, *heads, A, h0, do, dfinal)
+        return (*grads, None)
+
+
+def _fits_composite(K: int, V: int) -> bool:
+    if K == COMPOSITE_K and V in COMPOSITE_V:
+        return True
+    log_once(
+        f"composite-shape:{K}:{V}",
+        logging.INFO,
+        f"gdn.ascendc: {COMPOSITE_FWD} supports K = {COMPOSITE_K} and V in {set(COMPOSITE_V)}; "
+        f"K = {K}, V = {V} runs the decomposed forward",
+    )
+    return False
+
+
+def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
+    def chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        shapes: GdnShapes,
+        scale: float,
+        initial_state,
+        output_final_state: bool,
+        cu_seqlens,
+        use_qk_l2norm_in_kernel: bool,
+    ):
+        seqs = sequences(shapes.B, shapes.T, cu_seqlens)
+        if use_qk_l2norm_in_kernel:
+            q, k = l2norm_fp32(q), l2norm_fp32(k)
+        dtype = kernel_dtype(v.dtype)
+        h0 = None
+        if initial_state is not None:
+            h0 = initial_state.float()
+            if seqs.drops_any:
+                h0 = h0.index_select(0, seqs.kept_index(h0.device))
+        call = _Call(kernels, seqs, scale, output_final_state)
+        composite = kernels.composite is not None and _fits_composite(shapes.K, shapes.V)
+        function = _Composite if composite else _Decomposed
+        o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.float(), h0, call)
+        o = o.to(v.dtype)
+        if not output_final_state or not seqs.drops_any:
+            return o, final
+        # an empty sequence passes its state through untouched
+        start = initial_state.float() if initial_state is not None else final.new_zeros(shapes.N, *final.shape[1:])
+        return o, start.index_copy(0, seqs.kept_index(final.device), final)
+
+    return chunk_gated_delta_rule

@@ -1,0 +1,242 @@
+"""The ascendc adapters against eager, in process: each route's raw ops are the stand-in kernels
+(tests/standins), which compute the AscendC ops' contracts and refuse what the real ops refuse (fp32
+operands, device tensors where host int lists belong, empty sequences, chunk indices that do not
+match cu_seqlens). Outputs and gradients agreeing with eager to bf16 rounding proves the plumbing:
+layouts and transposes, the tensors saved for the backward, the host lists and the empty-sequence
+handling. The kernels run in bf16, so the tolerance is a bf16 one (observed errors ~4e-3; a wrong
+layout or a missing term costs O(1))."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from gdn.backends.ascendc import chunk as chunk_module
+from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
+from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
+from gdn.backends.ascendc.recurrent import make_recurrent_ops
+from gdn.ops import PREPARE
+from standins import kernels_conv
+from standins.support import Counted, compare_with_eager, legacy, stable
+
+pytestmark = pytest.mark.single_op
+
+TOL = 1.2e-2
+CHUNK = "chunk_gated_delta_rule"
+CONV = "causal_conv1d_fn"
+CHUNK_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+def gdn_inputs(gen, *, B=1, T=150, H=2, HV=4, K=32, V=32, cu=None, dtype=torch.float32, state=True, final=True):
+    N = B if cu is None else len(cu) - 1
+    return dict(
+        q=torch.randn(B, T, H, K, generator=gen).to(dtype),
+        k=torch.randn(B, T, H, K, generator=gen).to(dtype),
+        v=torch.randn(B, T, HV, V, generator=gen).to(dtype),
+        g=-torch.rand(B, T, HV, generator=gen) * 0.5,
+        beta=torch.rand(B, T, HV, generator=gen).to(dtype),
+        initial_state=torch.randn(N, HV, K, V, generator=gen) * 0.1 if state else None,
+        output_final_state=final,
+        cu_seqlens=None if cu is None else torch.tensor(cu),
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def assert_close(errors: dict[str, float], tol: float = TOL) -> None:
+    assert errors and max(errors.values()) < tol, errors
+
+
+# ---------------------------------------------------------------------------------------------------
+# chunk_gated_delta_rule
+
+CHUNK_CASES = {
+    "dense": dict(B=2, T=100),
+    "varlen_empty_sequences": dict(T=150, cu=[0, 0, 17, 17, 90, 150]),
+    "one_head_group": dict(B=1, T=70, H=4, HV=4),
+    "no_state": dict(B=2, T=65, state=False, final=False),
+    "state_in_not_out": dict(B=1, T=40, final=False),
+}
+
+
+@pytest.mark.parametrize("route", ["stable", "legacy"])
+@pytest.mark.parametrize("case", sorted(CHUNK_CASES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decomposed_chunk_matches_eager(gen, route, case, dtype):
+    ops = stable() if route == "stable" else legacy()
+    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops))
+    inputs = gdn_inputs(gen, dtype=dtype, **CHUNK_CASES[case])
+    grads = tuple(n for n in CHUNK_GRADS if inputs.get(n) is not None)
+    assert_close(compare_with_eager(CHUNK, fn, inputs, grads))
+
+
+@pytest.mark.parametrize("case", ["dense_v128", "varlen_v256"])
+def test_composite_forward_matches_eager_and_is_used(gen, case):
+    ops = stable()
+    composite = Counted(ops.get("npu_chunk_gated_delta_rule_fwd"))
+    kernels = ChunkKernels.bind(ops, ops)
+    fn = make_chunk_gated_delta_rule(ChunkKernels(**{**vars(kernels), "composite": composite}))
+    shape = dict(B=2, T=80, K=128, V=128) if case == "dense_v128" else dict(T=140, K=128, V=256, cu=[0, 70, 70, 140])
+    inputs = gdn_inputs(gen, **shape)
+    assert_close(compare_with_eager(CHUNK, fn, inputs, CHUNK_GRADS))
+    assert len(composite.calls) == 1
+    _, kwargs = composite.calls[0]
+    assert kwargs["layout"] == "BSND" and kwargs["disable_recompute"] is True
+    assert kwargs["use_qk_l2norm_in_kernel"] is False and kwargs["use_exp2"] is False
+    if case == "varlen_v256":  # the empty sequence is dropped from the host lists
+        assert kwargs["cu_seqlens"] == [0, 70, 140]
+        assert kwargs["chunk_indices"] == [0, 0, 0, 1, 1, 0, 1, 1]
+
+
+def test_composite_is_skipped_outside_its_shapes_with_one_log_line(gen, caplog):
+    caplog.set_level(logging.INFO, logger="gdn")
+    ops = stable()
+    composite = Counted(ops.get("npu_chunk_gated_delta_rule_fwd"))
+    kernels = ChunkKernels.bind(ops, ops)
+    fn = make_chunk_gated_delta_rule(ChunkKernels(**{**vars(kernels), "composite": composite}))
+    for _ in range(3):
+        assert_close(compare_with_eager(CHUNK, fn, gdn_inputs(gen, B=1, T=40, K=64, V=96), CHUNK_GRADS))
+    assert composite.calls == []
+    lines = [r.getMessage() for r in caplog.records if "K = 64, V = 96 runs the decomposed forward" in r.getMessage()]
+    assert len(lines) == 1
+
+
+@pytest.mark.parametrize("composite", [False, True])
+def test_forward_saves_exactly_what_the_backward_needs(gen, composite):
+    ops = stable()
+    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops, ops if composite else None))
+    B, T, H, HV, K, V = 1, 150, 2, 4, 128, 128
+    inputs = gdn_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, cu=[0, 50, 150])
+    args = {k: (v.requires_grad_() if k in CHUNK_GRADS else v) for k, v in inputs.items()}
+    call = PREPARE[CHUNK](**args)
+    o, _ = fn(*call.args, **call.kwargs)
+    node = o.grad_fn
+    while not hasattr(node, "saved_tensors"):  # past the casts to the Function's node
+        node = node.next_functions[0][0]
+    q, k, v, g_cum, beta, A, h0 = node.saved_tensors
+    if composite:  # the composite's own layout: token-major inputs, its g_cumsum and A
+        assert (q.shape, k.shape, v.shape) == ((B, T, H, K), (B, T, H, K), (B, T, HV, V))
+        assert (g_cum.shape, beta.shape) == ((B, T, HV), (B, T, HV))
+    else:  # the head-first copies the forward made for its own ops
+        assert (q.shape, k.shape, v.shape) == ((B, H, T, K), (B, H, T, K), (B, HV, T, V))
+        assert (g_cum.shape, beta.shape) == ((B, HV, T), (B, HV, T))
+    assert A.shape == (B, HV, T, 64) and A.dtype == torch.bfloat16
+    assert g_cum.dtype == torch.float32 and h0.shape == (2, HV, K, V)
+
+
+def test_a_missing_transpose_is_caught(gen, monkeypatch):
+    # the oracle can fail: feeding the head-first chain token-major tensors must not pass
+    monkeypatch.setattr(chunk_module, "_head_first", lambda x: x.contiguous())
+    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(stable()))
+    with pytest.raises(RuntimeError, match=r"does not match|must have shape"):
+        compare_with_eager(CHUNK, fn, gdn_inputs(gen, B=2, T=64), CHUNK_GRADS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# causal_conv1d_fn
+
+CONV_FLAVOURS = {
+    "stable_fn": lambda: ConvKernels.bind(stable()),
+    "stable_raw_host_lists": lambda: ConvKernels.bind(stable(conv_fn=False)),
+    "legacy_per_sequence": lambda: ConvKernels.bind(legacy()),
+}
+
+
+def conv_dense(gen, *, seq_idx=False, initial=True, bias=True, dtype=torch.float32):
+    B, D, T, W = 2, 48, 37, 4
+    inputs = dict(
+        x=torch.randn(B, D, T, generator=gen).to(dtype),
+        weight=torch.randn(D, W, generator=gen).to(dtype),
+        bias=torch.randn(D, generator=gen).to(dtype) if bias else None,
+        activation="silu",
+        initial_states=torch.randn(B, D, W - 1, generator=gen).to(dtype) if initial else None,
+        return_final_states=True,
+    )
+    if seq_idx:
+        inputs["seq_idx"] = torch.tensor([[0] * 10 + [1] * 2 + [2] * 25, [5] * 37], dtype=torch.int32)
+    grads = tuple(n for n in ("x", "weight", "bias", "initial_states") if inputs[n] is not None)
+    return inputs, grads
+
+
+def conv_varlen(gen):
+    D, W = 48, 4
+    return dict(
+        x=torch.randn(D, 42, generator=gen),
+        weight=torch.randn(D, W, generator=gen),
+        bias=None,
+        activation=None,
+        query_start_loc=torch.tensor([0, 2, 2, 30, 42], dtype=torch.int32),
+        conv_states=torch.randn(6, D, W - 1, generator=gen),
+        cache_indices=torch.tensor([4, 1, -1, 0]),
+        has_initial_state=torch.tensor([True, False, True, True]),
+    )
+
+
+@pytest.mark.parametrize("flavour", sorted(CONV_FLAVOURS))
+@pytest.mark.parametrize(
+    "case", ["dense", "dense_seq_idx", "dense_no_history_no_bias", "dense_bf16", "varlen_pool_empty_and_skipped"]
+)
+def test_conv_matches_eager(gen, flavour, case):
+    fn = make_causal_conv1d_fn(CONV_FLAVOURS[flavour]())
+    if case == "varlen_pool_empty_and_skipped":
+        inputs, grads = conv_varlen(gen), ("x", "weight")
+    else:
+        options = {
+            "dense": {},
+            "dense_seq_idx": dict(seq_idx=True),
+            "dense_no_history_no_bias": dict(initial=False, bias=False),
+            "dense_bf16": dict(dtype=torch.bfloat16),
+        }[case]
+        inputs, grads = conv_dense(gen, **options)
+    assert_close(compare_with_eager(CONV, fn, inputs, grads))
+
+
+def test_legacy_conv_backward_runs_per_sequence(gen):
+    backward = Counted(kernels_conv.npu_causal_conv1d_bwd)
+    kernels = ConvKernels.bind(legacy(npu_causal_conv1d_bwd=backward))
+    inputs, grads = conv_dense(gen, seq_idx=True)
+    assert_close(compare_with_eager(CONV, make_causal_conv1d_fn(kernels), inputs, grads))
+    # 26.6's accurate dw: one call per sequence (4 sequences in two rows), each alone in its call
+    assert [kw["query_start_loc"] for _, kw in backward.calls] == [[0, 10], [0, 2], [0, 25], [0, 37]]
+    assert all(kw["input_layout"] == "NTD" and kw["activation"] == 0 for _, kw in backward.calls)
+
+
+def test_stable_conv_passes_device_metadata_with_host_twins(gen):
+    fn_entry = Counted(kernels_conv.npu_causal_conv1d_fn)
+    kernels = ConvKernels.bind(stable(npu_causal_conv1d_fn=fn_entry))
+    assert kernels.entry == "fla_npu.ops.ascendc.npu_causal_conv1d_fn"
+    assert_close(compare_with_eager(CONV, make_causal_conv1d_fn(kernels), conv_varlen(gen)))
+    _, kwargs = fn_entry.calls[0]
+    assert isinstance(kwargs["query_start_loc"], torch.Tensor)
+    assert kwargs["query_start_loc_cpu"] == [0, 2, 30, 42]  # the empty sequence never reaches the kernel
+    assert kwargs["activation"] is None  # silu runs in torch, so the backward op needs no pre-activation
+
+
+# ---------------------------------------------------------------------------------------------------
+# the decode ops
+
+
+@pytest.mark.parametrize(
+    "case", [dict(B=2, T=5), dict(T=9, cu=[0, 0, 4, 4, 9]), dict(B=3, T=1, state=False), dict(B=1, T=6, final=False)]
+)
+def test_recurrent_matches_eager(gen, case):
+    op = "fused_recurrent_gated_delta_rule"
+    fn = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))[op]
+    assert_close(compare_with_eager(op, fn, gdn_inputs(gen, **case)))
+
+
+def test_pool_decode_matches_eager_and_leaves_other_rows(gen):
+    ops = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))
+    base = gdn_inputs(gen, T=7, cu=[0, 3, 3, 4, 7], state=False)
+    inputs = {k: base[k] for k in ("q", "k", "v", "g", "beta", "cu_seqlens", "use_qk_l2norm_in_kernel")}
+    inputs |= dict(ssm_pool=torch.randn(6, 4, 32, 32, generator=gen) * 0.1, ssm_indices=torch.tensor([2, 5, -1, 0]))
+    op = "fused_recurrent_gated_delta_rule_update"
+    assert_close(compare_with_eager(op, ops[op], inputs))
+
+
+def test_recurrent_refuses_inputs_that_require_grad(gen):
+    ops = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))
+    inputs = gdn_inputs(gen, B=1, T=3)
+    with pytest.raises(RuntimeError, match="no backward"):
+        compare_with_eager("fused_recurrent_gated_delta_rule", ops["fused_recurrent_gated_delta_rule"], inputs, ("q",))
