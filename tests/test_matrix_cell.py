@@ -126,3 +126,20 @@ def test_docker_cell_without_an_engine_points_to_the_host_cell(tmp_path, monkeyp
     matrix = matrix_of(cell)
     got = run_cell(matrix, matrix.cells[0], tmp_path, tmp_path / "results", echo=lambda line: None)
     assert got.status == "not_run" and "nox -s local" in got.reason
+
+
+def test_stand_in_modules_found_by_the_probe_are_recorded(tmp_path):
+    from gdn.matrix.cell import stand_in_labels
+
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(
+        json.dumps(
+            {
+                "fla_npu": {"stand_in": "fla_npu 26.10 (composite)"},
+                "torch_npu": {"stand_in": "torch_npu (cpu)"},
+                "python": {"version": "3.11"},
+            }
+        )
+    )
+    assert stand_in_labels(manifest) == ["fla_npu 26.10 (composite)", "torch_npu (cpu)"]
+    assert stand_in_labels(tmp_path / "missing.json") == []

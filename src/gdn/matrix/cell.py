@@ -8,6 +8,7 @@ moved into place in one rename, so a cell never leaves half a result and never t
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shutil
 import subprocess
@@ -135,6 +136,16 @@ def _run_docker(matrix: Matrix, cell: Cell, root: Path, out: Path, log: CellLog,
             outcome.reason = f"the container exited with status {result.exit_code}"
 
 
+def stand_in_labels(manifest_path: Path) -> list[str]:
+    """The stand-in modules the cell's probe found (tests/standins): results produced with them are
+    not results of real wheels, and the report says so."""
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError):
+        return []
+    return sorted({s["stand_in"] for s in manifest.values() if isinstance(s, dict) and s.get("stand_in")})
+
+
 def _publish(staging: Path, final: Path) -> None:
     """Swap the staged directory into place: the old results go only once the new ones are complete."""
     trash = final.with_name(f".old-{final.name}-{time.monotonic_ns()}")
@@ -189,6 +200,7 @@ def run_cell(
         outcome.finished_at = _now()
         outcome.duration_s = round(time.monotonic() - started, 2)
         outcome.log_tail = outcome.log_tail or log.text() or None
+        outcome.stand_ins = stand_in_labels(staging / "manifest.json")
         outcome.write(staging)
         _publish(staging, results_root / cell.name)
     return outcome
