@@ -11,10 +11,12 @@ GdnBackendError with the real cause instead of falling back.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +76,7 @@ _backends: dict[str, Backend] = {}
 _builtins_loaded = False
 _cache: dict[tuple[str, str, str], Resolution] = {}
 _mode_override: str | None = None
+_scoped_mode: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_scoped_compute_mode", default=None)
 
 
 def _registry() -> dict[str, Backend]:
@@ -129,7 +132,21 @@ def set_compute_mode(mode: str | None) -> None:
         _mode_override = None if mode is None else _check_mode(mode, "set_compute_mode: argument 'mode'")
 
 
+@contextlib.contextmanager
+def compute_mode_override(mode: str) -> Iterator[None]:
+    """Within the block, in this thread or asyncio task only, ops resolve under `mode` whatever the
+    process-wide mode is (an integration uses it to give its call sites their own mode)."""
+    token = _scoped_mode.set(_check_mode(mode, "compute_mode_override: argument 'mode'"))
+    try:
+        yield
+    finally:
+        _scoped_mode.reset(token)
+
+
 def compute_mode() -> str:
+    scoped = _scoped_mode.get()
+    if scoped is not None:
+        return _check_mode(scoped, "compute_mode_override (the backend it named was unregistered)")
     if _mode_override is not None:
         return _check_mode(_mode_override, "set_compute_mode (the backend it named was unregistered)")
     return _check_mode(os.environ.get(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")

@@ -1,0 +1,58 @@
+"""Which backend serves each patched op under a mode, and whether every GDN module of both models
+really ran through gdn on it."""
+
+from __future__ import annotations
+
+import torch
+
+import gdn
+import gdn.resolve
+from grpo.run import Run
+
+# The ops a GRPO step reaches: the actor samples (prefill, then cached decode) and trains; the
+# reference only scores.
+ACTOR_OPS = ("chunk_gated_delta_rule", "causal_conv1d_fn", "fused_recurrent_gated_delta_rule", "causal_conv1d_update")
+REFERENCE_OPS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
+
+
+def other_modes() -> list[str]:
+    """Every mode but auto and eager: the backends a cell could compare against eager."""
+    return [m for m in gdn.modes() if m not in (gdn.resolve.AUTO, gdn.resolve.EAGER)]
+
+
+def resolve_under(mode: str, device: torch.device) -> dict[str, gdn.resolve.Resolution]:
+    """Resolve (and so probe) every op the step uses under `mode`, before the run."""
+    with gdn.resolve.compute_mode_override(mode):
+        return {op: gdn.resolve.resolve(op, device) for op in ACTOR_OPS}
+
+
+def describe(resolutions: dict[str, gdn.resolve.Resolution]) -> list[str]:
+    lines = []
+    for op, res in resolutions.items():
+        notes = [f"{r.backend}: {r.reason}" for r in res.rejected]
+        if res.forward_only:
+            notes.append("forward only: calls that need gradients run eager")
+        lines.append(f"{op} -> {res.route}" + (f" ({'; '.join(notes)})" if notes else ""))
+    return lines
+
+
+def unserved_modules(run: Run, resolutions: dict[str, gdn.resolve.Resolution]) -> list[str]:
+    """A line per GDN module of the actor or the reference that did not run every op it needs through
+    gdn on the route the resolver chose (so a model left unpatched is caught). Calls of a forward-only
+    route that need gradients (the actor's training step) may run eager instead."""
+    assert run.record is not None
+    by_id = {m["id"]: m for m in run.record["modules"]}
+    problems = []
+    for model, ids in run.models.items():
+        needed = ACTOR_OPS if model == "actor" else REFERENCE_OPS
+        if not ids:
+            problems.append(f"{model}: no GDN modules found")
+        for i, module_id in enumerate(ids):
+            calls = by_id.get(module_id, {}).get("calls", {})
+            for op in needed:
+                res = resolutions[op]
+                allowed = {res.route, "eager"} if res.forward_only else {res.route}
+                used = set(calls.get(op, {}))
+                if res.route not in used or not used <= allowed:
+                    problems.append(f"{model} GDN module {i}: {op} ran on {calls.get(op)}, expected {res.route}")
+    return problems

@@ -1,0 +1,80 @@
+"""One rank of the FSDP smoke test, started by tests/test_fsdp_grpo.py under torchrun (gloo, CPU).
+
+Every rank patches gdn in, builds the actor and the reference, shards both with FSDP2 (each decoder
+layer, then the root), samples the whole rollout (identical on every rank: same seed, same weights),
+and trains on its prompts' groups with the loss normalised by the global token count. Rank 0 saves
+what the ranks computed together: the rollout, the per-token quantities in rollout order, the summed
+scalars, the full updates, and any GDN module that did not run through gdn."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+from gdn.integrations import transformers as gdn_transformers
+from grpo.backends import resolve_under, unserved_modules
+from grpo.rollout import padded, sample
+from grpo.run import SEED, Run, models, module_ids
+from grpo.step import grpo_step
+
+CPU = torch.device("cpu")
+
+
+def shard(model: torch.nn.Module) -> None:
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def main(out: Path) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    with gdn_transformers.patch(mode="eager") as handle:
+        actor, ref = models("dense", CPU)
+        shard(actor)
+        shard(ref)
+        rollout = sample(actor, SEED)
+        # FSDP2 keeps the root's parameters gathered after a forward that no backward follows; the
+        # step's optimizer must be built over the sharded ones.
+        actor.reshard()
+        mine = [i for i, group in enumerate(rollout.groups) if group % world == rank]
+        part = rollout.subset(mine)
+        tokens = sum(len(c) for c in rollout.completions)
+        step = grpo_step(actor, ref, part, padded(part, CPU), tokens=tokens, world=world)
+        run = Run(part, step, handle.record(), module_ids(actor, ref))
+    problems = unserved_modules(run, resolve_under("eager", CPU))
+
+    lengths = [len(c) for c in part.completions]
+    per_token = {name: getattr(step, name).split(lengths) for name in ("logprobs", "ref_logprobs", "entropy")}
+    shares: list = [None] * world
+    dist.all_gather_object(shares, (mine, per_token, problems))
+    scalars = torch.tensor([step.loss, step.pg_loss, step.kl, step.entropy_mean], dtype=torch.float64)
+    dist.all_reduce(scalars)
+    if rank == 0:
+        by_sample = {i: (share[1], k) for share in shares for k, i in enumerate(share[0])}
+        in_order = {
+            name: torch.cat([by_sample[i][0][name][by_sample[i][1]] for i in range(len(rollout.completions))])
+            for name in per_token
+        }
+        loss, pg_loss, kl, entropy = scalars.tolist()
+        result = dataclasses.replace(step, **in_order, loss=loss, pg_loss=pg_loss, kl=kl, entropy_mean=entropy)
+        torch.save(
+            {
+                "rollout": dataclasses.asdict(rollout),
+                "step": dataclasses.asdict(result),
+                "problems": [p for share in shares for p in share[2]],
+            },
+            out,
+        )
+    # No rank may leave while another still talks to it: gloo aborts a process whose peer hung up.
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
