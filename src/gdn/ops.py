@@ -46,6 +46,25 @@ def _op(prepare: Callable[..., Call]) -> Callable:
     return run
 
 
+def _gdn_call(
+    op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+) -> Call:
+    """The shared contract of the chunk and recurrent ops, validated."""
+    shapes, scale = check.check_gdn_inputs(
+        op, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+    )
+    check.Checker(op).flag("output_final_state", output_final_state)
+    kwargs = dict(
+        shapes=shapes,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    )
+    return Call(q.device, (q, k, v, g, beta), kwargs)
+
+
 @_op
 def chunk_gated_delta_rule(
     q,
@@ -65,7 +84,7 @@ def chunk_gated_delta_rule(
     scale defaults to K**-0.5; with cu_seqlens [N + 1] the N sequences are packed along T (B = 1);
     initial_state and the final state are [N, HV, K, V] fp32; differentiable in q, k, v, g, beta and
     initial_state."""
-    shapes, scale = check.check_gdn_inputs(
+    return _gdn_call(
         "chunk_gated_delta_rule",
         q,
         k,
@@ -74,22 +93,10 @@ def chunk_gated_delta_rule(
         beta,
         scale,
         initial_state,
+        output_final_state,
         cu_seqlens,
         use_qk_l2norm_in_kernel,
         head_first,
-    )
-    check.Checker("chunk_gated_delta_rule").flag("output_final_state", output_final_state)
-    return Call(
-        q.device,
-        (q, k, v, g, beta),
-        dict(
-            shapes=shapes,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        ),
     )
 
 
@@ -108,7 +115,7 @@ def fused_recurrent_gated_delta_rule(
     head_first=False,
 ):
     """The same contract as chunk_gated_delta_rule, computed token by token (decode)."""
-    shapes, scale = check.check_gdn_inputs(
+    return _gdn_call(
         "fused_recurrent_gated_delta_rule",
         q,
         k,
@@ -117,22 +124,10 @@ def fused_recurrent_gated_delta_rule(
         beta,
         scale,
         initial_state,
+        output_final_state,
         cu_seqlens,
         use_qk_l2norm_in_kernel,
         head_first,
-    )
-    check.Checker("fused_recurrent_gated_delta_rule").flag("output_final_state", output_final_state)
-    return Call(
-        q.device,
-        (q, k, v, g, beta),
-        dict(
-            shapes=shapes,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        ),
     )
 
 
