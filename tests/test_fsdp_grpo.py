@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,13 +28,23 @@ WORKER = Path(__file__).parent / "grpo" / "fsdp_worker.py"
 TIMEOUT_S = 120
 
 
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 def _launch(out: Path) -> subprocess.CompletedProcess:
     paths = [str(Path(gdn.__file__).parents[1]), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        # loopback rendezvous and transport: a matrix cell's container has no network, and its
+        # hostname may not resolve
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={_free_port()}",
         "--nproc-per-node=2",
         str(WORKER),
         str(out),
@@ -41,7 +52,7 @@ def _launch(out: Path) -> subprocess.CompletedProcess:
     # Its own session, so that a hang is ended with every rank it started, not just the launcher.
     proc = subprocess.Popen(
         command,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)},
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(paths), "GLOO_SOCKET_IFNAME": "lo"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

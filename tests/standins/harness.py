@@ -56,7 +56,8 @@ def environment(root: Path, profile: str | None, *, cann: bool = True, **extra: 
         (ascend / "driver").mkdir()
         (ascend / "driver" / "version.info").write_text(f"Version={DRIVER_VERSION}\n")
         env["ASCEND_HOME_PATH"] = str(toolkit)  # what sourcing set_env.sh sets
-    env["PYTHONPATH"] = os.pathsep.join(paths)
+    # keep the caller's PYTHONPATH: in a matrix cell gdn itself is found through it (/src/src)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
     # the tensors are tiny: intra-op threads only add spin-waits, badly so on a busy machine
     env["OMP_NUM_THREADS"] = "1"
     return env | extra
