@@ -140,9 +140,9 @@ def test_half_precision_varlen_with_half_gates(gen):
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
     V-sliced state passes and masks inside every slice."""
-    narrow = dict(BK=16, BV=16, state_bv=16, output_bv=32, wy_bwd_bk=16)
+    narrow = dict(BK=16, BV=16, state_bv=16, state_bv_short=16, output_bv=32, wy_bwd_bk=16)
     monkeypatch.setattr(config, "OVERRIDES", narrow)
-    assert config.tiles_for(40, 40).BK == 16
+    assert config.tiles_for(40, 40, 4).BK == 16
     inputs = make_inputs(gen, 80, 1, 2, 40, 40, N=2)
     check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=[0, 10, 80], l2norm=True)
 
@@ -168,7 +168,7 @@ def test_no_final_state_unless_asked(gen):
 def test_unknown_knob_is_an_error(monkeypatch):
     monkeypatch.setattr(config, "OVERRIDES", {"state_BV": 32})
     with pytest.raises(KeyError, match="state_BV"):
-        config.tiles_for(64, 64)
+        config.tiles_for(64, 64, 4)
 
 
 class Launches:

@@ -196,20 +196,20 @@ def test_forward_only_refuses_inputs_that_need_gradients(gen):
 
 @pytest.mark.single_op
 def test_launch_config_heuristic(monkeypatch):
-    monkeypatch.setattr(decode, "_processors", lambda device: 132)
+    monkeypatch.setattr(decode, "processors", lambda device: 132)
     gpu = torch.device("cuda", 0)
 
     def pick(N, K=128, V=128):
         cfg = decode.launch_config(N, 32, K, V, gpu)
         return cfg.BV, cfg.num_warps
 
-    assert pick(64) == (32, 4)  # enough programs: whole 128-byte state rows
-    assert pick(4) == (16, 2)  # 4 * 32 * 4 programs would leave the SMs short of loads in flight
+    assert pick(64) == (64, 4)  # enough programs: two 128-byte lines per state row, 64 values per thread
+    assert pick(4) == (16, 1)  # 4 * 32 * 4 programs would leave the SMs short of loads in flight
     assert pick(1) == (8, 1)
-    assert pick(256, K=256) == (32, 8)
-    assert pick(256, K=512) == (16, 8)  # the register budget caps the tile
-    monkeypatch.setattr(decode, "OVERRIDES", {"BV": 64, "num_warps": 8})
-    assert pick(64) == (64, 8)
+    assert pick(256, K=256) == (32, 4)  # the register budget caps the tile
+    assert pick(256, K=512) == (16, 4)
+    monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
+    assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
     with pytest.raises(KeyError, match="bv"):
         pick(64)

@@ -7,6 +7,7 @@ a reason) where triton is absent."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from dataclasses import dataclass
 from importlib import metadata
@@ -69,6 +70,16 @@ def device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
     if t.device.type == "cpu":
         return contextlib.nullcontext()
     return torch.get_device_module(t.device.type).device(t.device)
+
+
+@functools.cache
+def processors(device: torch.device) -> int:
+    """Streaming multiprocessors (or cores) of the device: how many programs run at once, roughly;
+    1 for the interpreter, which runs one program at a time and is fastest with few, wide ones."""
+    if device.type == "cpu":
+        return 1
+    props = torch.get_device_module(device.type).get_device_properties(device)
+    return getattr(props, "multi_processor_count", 0) or 64
 
 
 def next_power_of_2(n: int) -> int:

@@ -68,7 +68,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         if use_qk_l2norm_in_kernel:
             q, q_rstd = l2norm_fwd(q, L2NORM_EPS)
             k, k_rstd = l2norm_fwd(k, L2NORM_EPS)
-        tiles, fp32_dot = tiles_for(k.shape[-1], v.shape[-1]), _fp32_dot(k.dtype)
+        tiles, fp32_dot = tiles_for(k.shape[-1], v.shape[-1], k.element_size()), _fp32_dot(k.dtype)
         HV = v.shape[2]
 
         gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields, replace
 import triton
 from packaging.version import Version
 
-from gdn.backends.triton._common import is_interpreting, next_power_of_2
+from gdn.backends.triton._common import cdiv, is_interpreting, next_power_of_2, processors
 
 # The chunk length is part of the algorithm's tiling: the WY inverse is built from 4 x 4 blocks of 16.
 CHUNK = 64
@@ -27,6 +27,7 @@ class Tiles:
     BV: int  # V slice of the chunk-parallel stages
     KP: int  # K padded to a power of two: the state passes hold all of K
     state_bv: int  # V slice of one state-pass program (the pass runs sequence x value head x V slice)
+    state_bv_short: int  # the V slice when state_bv would leave SMs without a program (see state_slice)
     output_bv: int
     wy_bwd_bk: int  # K slice of the WY backward
     prepare_warps: int
@@ -37,15 +38,17 @@ class Tiles:
     dqkwg_warps: int
     wy_bwd_warps: int
     num_stages: int
+    state_stages: int  # software pipelining of the state passes' loop over chunks
 
 
 def _padded(n: int) -> int:
     return max(16, next_power_of_2(n))  # tl.dot needs every dimension >= 16
 
 
-def tiles_for(K: int, V: int) -> Tiles:
+def tiles_for(K: int, V: int, element_size: int) -> Tiles:
+    """Tiles for head dims K, V and inputs of element_size bytes (2 for bf16/fp16, 4 for fp32)."""
     KP, VP = _padded(K), _padded(V)
-    tiles = _interpreter_tiles(KP, VP) if is_interpreting() else _gpu_tiles(KP, VP)
+    tiles = _interpreter_tiles(KP, VP) if is_interpreting() else _gpu_tiles(KP, VP, element_size)
     unknown = set(OVERRIDES) - {f.name for f in fields(Tiles)}
     if unknown:
         raise KeyError(f"config.OVERRIDES: unknown fields {sorted(unknown)}")
@@ -55,19 +58,35 @@ def tiles_for(K: int, V: int) -> Tiles:
 def _interpreter_tiles(KP: int, VP: int) -> Tiles:
     """The interpreter's cost is per operation, not per element: whole-head tiles, fewest programs."""
     warps = {f.name: 1 for f in fields(Tiles) if f.name.endswith("_warps")}
-    return Tiles(BK=KP, BV=VP, KP=KP, state_bv=VP, output_bv=VP, wy_bwd_bk=KP, num_stages=1, **warps)
+    return Tiles(
+        BK=KP,
+        BV=VP,
+        KP=KP,
+        state_bv=VP,
+        state_bv_short=VP,
+        output_bv=VP,
+        wy_bwd_bk=KP,
+        num_stages=1,
+        state_stages=1,
+        **warps,
+    )
 
 
-def _gpu_tiles(KP: int, VP: int) -> Tiles:
-    # The two backward kernels with the most live [64, 64] accumulators spill at 4 warps; 8 warps
-    # crash the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
+def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
+    # The qk_grads kernel has the most live [64, 64] accumulators and spills at 4 warps; 8 warps crash
+    # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
     wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
+    # Measured on the H200 at the benchmark shapes (bf16, fwd+bwd): 3 pipeline stages are 3-10% faster
+    # than 2 in the state passes and 2-4% in the others; fp32 tiles at 3 stages outgrow shared memory.
+    stages = 3 if element_size <= 2 else 2
     return Tiles(
         BK=min(64, KP),
         BV=min(64, VP),
         KP=KP,
-        # Narrow V slices give the sequential state pass more programs to spread over the SMs.
-        state_bv=min(32, VP),
+        # The state passes are sequential over chunks: wide V slices load w, k and q once for more
+        # columns, narrow ones give a short grid (one sequence: HV x V slices programs) more SMs.
+        state_bv=min(64, VP),
+        state_bv_short=min(32, VP),
         output_bv=min(128, VP),
         wy_bwd_bk=min(64, KP),
         prepare_warps=4,
@@ -76,6 +95,15 @@ def _gpu_tiles(KP: int, VP: int) -> Tiles:
         output_warps=4,
         dv_warps=4,
         dqkwg_warps=wide,
-        wy_bwd_warps=wide,
-        num_stages=2,
+        wy_bwd_warps=4,  # 5% faster than 8 on the H200, fwd+bwd at every benchmark shape
+        num_stages=stages,
+        state_stages=stages,
     )
+
+
+def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:
+    """The V slice of the state passes: tiles.state_bv while the grid still covers every SM, else
+    tiles.state_bv_short. Depends on the batch, never on the sequence length."""
+    if sequences_x_heads * cdiv(V, tiles.state_bv) >= processors(device):
+        return tiles.state_bv
+    return tiles.state_bv_short

@@ -17,7 +17,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.config import CHUNK, Tiles, state_slice
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_sequence, masked_exp, mma
 
 
@@ -241,8 +241,9 @@ def state_forward(
     N = plan.num_sequences
     h = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    bv = state_slice(tiles, N * HV, V, k.device)
     with device_guard(k):
-        _state_fwd_kernel[(N * HV, cdiv(V, tiles.state_bv))](
+        _state_fwd_kernel[(N * HV, cdiv(V, bv))](
             k,
             w,
             u,
@@ -259,13 +260,13 @@ def state_forward(
             V=V,
             BT=CHUNK,
             KP=tiles.KP,
-            BV=tiles.state_bv,
+            BV=bv,
             USE_H0=initial_state is not None,
             STORE_HT=output_final_state,
             IS_VARLEN=plan.is_varlen,
             FP32_DOT=fp32_dot,
             num_warps=tiles.state_warps,
-            num_stages=tiles.num_stages,
+            num_stages=tiles.state_stages,
         )
     return h, u, ht
 
@@ -293,8 +294,9 @@ def state_backward(
     N = plan.num_sequences
     dh = torch.empty(plan.num_chunks, HV, K, V, dtype=torch.float32, device=k.device)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
+    bv = state_slice(tiles, N * HV, V, k.device)
     with device_guard(k):
-        _state_bwd_kernel[(N * HV, cdiv(V, tiles.state_bv))](
+        _state_bwd_kernel[(N * HV, cdiv(V, bv))](
             q,
             k,
             w,
@@ -314,12 +316,12 @@ def state_backward(
             V=V,
             BT=CHUNK,
             KP=tiles.KP,
-            BV=tiles.state_bv,
+            BV=bv,
             USE_DHT=dht is not None,
             STORE_DH0=want_dh0,
             IS_VARLEN=plan.is_varlen,
             FP32_DOT=fp32_dot,
             num_warps=tiles.state_warps,
-            num_stages=tiles.num_stages,
+            num_stages=tiles.state_stages,
         )
     return dh, dv_local, dh0
