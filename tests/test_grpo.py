@@ -3,24 +3,28 @@ of a few prompts, gets a toy reward, and takes one GRPO step (clipped-ratio loss
 reference, entropy bonus). Switching the GDN backend must change nothing beyond the tolerances of
 tests/grpo/compare.py, in padded batches and in packed (cu_seqlens) ones, for the actor and the
 reference alike. Every available mode other than eager is compared against eager; unavailable ones
-are skipped with the reason."""
+are skipped with the reason, except the modes GDN_EXPECT_MODES names (CI's kernels session expects
+triton under the interpreter): a case of theirs that is not compared fails."""
 
 from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
+from typing import NoReturn
 
 import pytest
 
 import gdn
 import gdn.backends.eager
 from gdn.backends.base import Backend
-from grpo.backends import describe, other_modes, resolve_under, unserved_modules
+from grpo.backends import EXPECT_ENV, describe, expected_modes, other_modes, resolve_under, unserved_modules
 from grpo.compare import Tolerance, differences
 from grpo.models import device
 from grpo.run import TRANSFORMERS, Run, packing_blocker, run
 
-pytest.importorskip("transformers", reason="the grpo family runs transformers' Qwen3.5 models")
+if not expected_modes():  # a run that expects a mode compared fails without transformers
+    pytest.importorskip("transformers", reason="the grpo family runs transformers' Qwen3.5 models")
 pytestmark = pytest.mark.grpo
 
 KINDS = ("dense", "moe")
@@ -39,6 +43,15 @@ def eager_run(kind: str, layout: str) -> Run:
 
 def report(title: str, lines: list[str]) -> None:
     print(title, *(f"  {line}" for line in lines), sep="\n")
+
+
+def not_compared(mode: str, reason: str, outcome: Callable[[str], NoReturn] = pytest.skip) -> NoReturn:
+    """`outcome` (skip, or xfail) for a case of `mode` that cannot be compared here; a failure if this
+    run expects the mode compared."""
+    __tracebackhide__ = True  # reports point at the case, not here
+    if mode in expected_modes():
+        pytest.fail(f"{EXPECT_ENV} expects {mode} compared against eager, but it was not: {reason}")
+    outcome(f"not compared: {reason}")
 
 
 def assert_same(got: Run, want: Run, tol: Tolerance, title: str) -> None:
@@ -76,24 +89,28 @@ def test_backend_matches_eager(mode, record_property):
     """Each mode but eager, on this cell's device, against eager: the ops it serves (the rest fall back
     to eager, as the output says), both models' GDN modules on them, every quantity of the step within
     the tolerance its probed accuracy allows. Packed sequences that a backend (NotImplementedError) or
-    this transformers cannot run are reported and make the test xfail."""
+    this transformers cannot run are reported and make the test xfail (fail, if the mode is expected:
+    an expected mode must also serve every op of the step, so a probe rejection cannot hide it)."""
     dev = device()
     reason = gdn.resolve.backends()[mode].why_unavailable(dev.type)
     if reason:
-        pytest.skip(f"not compared: backend {mode} is unavailable on {dev.type}: {reason}")
+        not_compared(mode, f"backend {mode} is unavailable on {dev.type}: {reason}")
     resolutions = resolve_under(mode, dev)
     report(f"{mode} against eager on {dev.type}; the ops resolved to:", describe(resolutions))
     served = {op: res.backend for op, res in resolutions.items()}
-    if mode not in served.values():
-        pytest.skip(f"not compared: backend {mode} serves none of the GDN ops on {dev.type} (all fell back to eager)")
+    fell_back = [op for op, backend in served.items() if backend != mode]
+    if len(fell_back) == len(served):
+        not_compared(mode, f"backend {mode} serves none of the GDN ops on {dev.type} (all fell back to eager)")
+    if fell_back and mode in expected_modes():
+        pytest.fail(f"{EXPECT_ENV} expects {mode} to serve every op of the step; fell back: {', '.join(fell_back)}")
     record_property("gdn_served", json.dumps({op: res.route for op, res in resolutions.items()}))
     tol = Tolerance.for_backends(served)
-    failures, not_compared = [], []
+    failures, uncompared = [], []
     for kind, layout in BACKEND_CASES:
         title = f"{kind}/{layout}: {mode} vs eager"
         blocker = packing_blocker(kind) if layout == "packed" else None
         if blocker:
-            not_compared.append(blocker)
+            uncompared.append(blocker)
             report(f"{title}: NOT COMPARED, {blocker}", [])
             continue
         try:
@@ -101,16 +118,28 @@ def test_backend_matches_eager(mode, record_property):
         except NotImplementedError as exc:
             if layout != "packed":
                 raise
-            not_compared.append(f"backend {mode} cannot run packed sequences (cu_seqlens): {exc}")
-            report(f"{title}: NOT COMPARED, {not_compared[-1]}", [])
+            uncompared.append(f"backend {mode} cannot run packed sequences (cu_seqlens): {exc}")
+            report(f"{title}: NOT COMPARED, {uncompared[-1]}", [])
             continue
         problems = unserved_modules(got, resolutions)
         lines, bad = differences(got, eager_run(kind, layout), tol)
         report(f"{title} (tolerance: {tol})", problems + lines)
         failures += [f"{title}: {line}" for line in problems + bad]
     assert not failures, "\n".join(failures)
-    if not_compared:
-        pytest.xfail("packed sequences not compared: " + "; ".join(not_compared))
+    if uncompared:
+        not_compared(mode, "packed sequences: " + "; ".join(uncompared), pytest.xfail)
+
+
+def test_an_expected_mode_that_is_not_compared_fails(monkeypatch):
+    """A mode GDN_EXPECT_MODES names fails where it would skip, so a run meant to compare it (CI's kernels
+    session, triton) cannot pass without comparing it; a misspelt name is an error rather than expecting nothing."""
+    mode = other_modes()[0]
+    monkeypatch.setenv(EXPECT_ENV, mode)
+    with pytest.raises(pytest.fail.Exception, match=f"expects {mode} compared against eager, but it was not: gone"):
+        not_compared(mode, "gone")
+    monkeypatch.setenv(EXPECT_ENV, f"{mode}, no-such-mode")
+    with pytest.raises(ValueError, match="no-such-mode"):
+        expected_modes()
 
 
 def test_comparison_rejects_a_backend_with_a_small_gate_error():

@@ -3,6 +3,8 @@ really ran through gdn on it."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 import gdn
@@ -13,11 +15,24 @@ from grpo.run import Run
 # reference only scores.
 ACTOR_OPS = ("chunk_gated_delta_rule", "causal_conv1d_fn", "fused_recurrent_gated_delta_rule", "causal_conv1d_update")
 REFERENCE_OPS = ("chunk_gated_delta_rule", "causal_conv1d_fn")
+# Comma-separated modes that this run exists to compare against eager (CI's interpreter sessions name
+# triton): a case of theirs that would skip, xfail or fall back to eager fails instead, so a broken
+# install or a probe rejection cannot pass as "compared".
+EXPECT_ENV = "GDN_EXPECT_MODES"
 
 
 def other_modes() -> list[str]:
     """Every mode but auto and eager: the backends a cell could compare against eager."""
     return [m for m in gdn.modes() if m not in (gdn.resolve.AUTO, gdn.resolve.EAGER)]
+
+
+def expected_modes() -> frozenset[str]:
+    """The modes EXPECT_ENV names. An unknown name is an error: a typo would otherwise expect nothing."""
+    names = frozenset(name.strip() for name in os.environ.get(EXPECT_ENV, "").split(",") if name.strip())
+    unknown = names - set(other_modes())
+    if unknown:
+        raise ValueError(f"{EXPECT_ENV} names {sorted(unknown)}; the modes compared against eager are {other_modes()}")
+    return names
 
 
 def resolve_under(mode: str, device: torch.device) -> dict[str, gdn.resolve.Resolution]:
