@@ -343,7 +343,7 @@ def call(op, B, T, K=128, V=128, cu=None, **kwargs):
 POOL = "fused_recurrent_gated_delta_rule_update"
 PLAIN = "fused_recurrent_gated_delta_rule"
 RESULT["usage"] = {}
-for BV, warps in ((32, 4), (16, 2), (8, 1)):
+for BV, warps in ((64, 4), (32, 4), (16, 2), (8, 1)):
     decode.OVERRIDES.update(BV=BV, num_warps=warps)
     RESULT["usage"][f"pool BV={BV} warps={warps}"] = compile_sm90(call(POOL, 256, 1))
 decode.OVERRIDES.clear()
