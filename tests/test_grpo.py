@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 import pytest
@@ -171,3 +175,35 @@ def test_a_model_that_did_not_run_through_gdn_is_caught():
     bypassed = Run(good.rollout, good.step, record, good.models)
     problems = unserved_modules(bypassed, resolve_under(gdn.resolve.EAGER, device()))
     assert len(problems) == len(ref_ids) * 2 and all(p.startswith("reference") for p in problems), problems
+
+
+BASELINE_SCRIPT = """
+import sys
+import torch
+from grpo.models import build, transformers_torch_code
+ids = torch.tensor([[5, 9, 17, 3]])
+with transformers_torch_code():
+    build(sys.argv[1], 0, torch.device("cpu"))(ids)
+try:
+    build(sys.argv[1], 0, torch.device("cpu"))(ids)
+except RuntimeError as exc:
+    print("without:", exc)
+"""
+
+
+def test_the_transformers_baseline_is_its_torch_code_where_fla_imports():
+    """On a GPU machine with fla installed, transformers hands its GDN ops to fla; the baseline must
+    still be transformers' torch code. A stand-in fla whose kernels raise (tests/grpo/external_standins)
+    is importable in a subprocess: the baseline runs, and the model built outside it reaches fla, so
+    this transformers would otherwise have compared gdn with fla."""
+    standins = Path(__file__).parent / "grpo" / "external_standins"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(standins), str(Path(__file__).parent), *sys.path])}
+    done = subprocess.run(
+        [sys.executable, "-c", BASELINE_SCRIPT, "dense"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    if "without: stand-in fla" not in done.stdout:
+        # Up to 5.14 transformers takes fla only when CUDA is available: nothing to show on this machine.
+        import transformers
+
+        pytest.skip(f"transformers {transformers.__version__} does not hand GDN ops to fla on this machine")

@@ -18,7 +18,7 @@ from gdn.backends.base import Backend
 from gdn.integrations import transformers as gdn_transformers
 from grpo.backends import ACTOR_OPS
 from grpo.compare import FORWARD_FLOOR
-from grpo.models import KINDS, PAD, build, device, gdn_modules
+from grpo.models import KINDS, PAD, build, device, gdn_modules, transformers_torch_code
 from grpo.run import exact_fp32
 from reference import rel_err
 
@@ -79,6 +79,11 @@ def snapshot() -> dict[tuple[str, str], object]:
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_patched_models_compute_what_transformers_computes(kind):
+    with transformers_torch_code():
+        patched_vs_transformers_torch_code(kind)
+
+
+def patched_vs_transformers_torch_code(kind: str) -> None:
     dev = device()
     before = build(kind, 0, dev)  # built before the patch
     reference = forward_and_decode(before)

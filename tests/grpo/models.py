@@ -6,7 +6,11 @@ sequences also need transformers' block-diagonal attention mask), and a routed M
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import importlib.util
+import inspect
+from collections.abc import Iterator
 
 import torch
 
@@ -52,6 +56,53 @@ def _config(kind: str):
     if kind == "moe":
         return transformers.Qwen3_5MoeTextConfig(**_COMMON, **layers, **_MOE)
     return transformers.Qwen3NextConfig(**_COMMON, **layers, **_MOE, intermediate_size=64)
+
+
+# Where transformers' GDN layers find their kernels: fla's and causal-conv1d's functions imported into
+# the modeling module (up to 5.14, None when absent), or transformers' torch functions wrapped to call
+# those packages when they import (5.15 on).
+KERNEL_NAMES = (
+    "chunk_gated_delta_rule",
+    "fused_recurrent_gated_delta_rule",
+    "FusedRMSNormGated",
+    "causal_conv1d_fn",
+    "causal_conv1d_update",
+    "torch_chunk_gated_delta_rule",
+    "torch_recurrent_gated_delta_rule",
+)
+EXTERNAL_PACKAGES = ("fla", "causal_conv1d")
+
+
+@contextlib.contextmanager
+def transformers_torch_code() -> Iterator[None]:
+    """transformers' own torch GDN code, also where fla or causal-conv1d is importable (a GPU machine):
+    the unpatched baseline is the readable reference gdn's eager ops are held to, not whatever kernels
+    transformers would hand the work to. Models must be built inside (up to 5.14 `__init__` picks the
+    kernels)."""
+    from gdn.integrations.transformers import CLASSES
+
+    saved = []
+    for path in CLASSES.values():
+        try:
+            modeling = importlib.import_module(f"transformers.models.{path}")
+        except ImportError:
+            continue
+        for name in KERNEL_NAMES:
+            found = getattr(modeling, name, None)
+            if found is None:
+                continue
+            if getattr(found, "__module__", "").split(".")[0] in EXTERNAL_PACKAGES:
+                replacement = None
+            else:
+                replacement = inspect.unwrap(found)
+            if replacement is not found:
+                saved.append((modeling, name, found))
+                setattr(modeling, name, replacement)
+    try:
+        yield
+    finally:
+        for modeling, name, found in reversed(saved):
+            setattr(modeling, name, found)
 
 
 def build(kind: str, seed: int, device: torch.device) -> torch.nn.Module:

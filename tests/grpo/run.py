@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gdn.integrations import transformers as gdn_transformers
-from grpo.models import GDN_CLASS, build, device, gdn_modules
+from grpo.models import GDN_CLASS, build, device, gdn_modules, transformers_torch_code
 from grpo.rollout import LAYOUTS, Rollout, sample
 from grpo.step import StepResult, grpo_step
 
@@ -55,9 +55,10 @@ def run(
 ) -> Run:
     """`replay`: the sampled tokens of the run to compare with (see grpo.rollout)."""
     dev = device() if dev is None else dev
-    actor, ref = models(kind, dev)
+    code = transformers_torch_code() if backend == TRANSFORMERS else contextlib.nullcontext()
     patched = contextlib.nullcontext() if backend == TRANSFORMERS else gdn_transformers.patch(mode=backend)
-    with exact_fp32(), patched as handle:
+    with exact_fp32(), code, patched as handle:
+        actor, ref = models(kind, dev)
         rollout = sample(actor, SEED, replay)
         step = grpo_step(actor, ref, rollout, LAYOUTS[layout](rollout, dev))
         record = None if handle is None else handle.record()
