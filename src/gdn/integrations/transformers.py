@@ -106,62 +106,45 @@ def _route(served: gdn_resolve.Resolution, values: list[Any]) -> str:
     return gdn_resolve.backends()[gdn_resolve.EAGER].route_of(served.op)
 
 
-# From 5.15 transformers forwards its remaining attention kwargs (cu_seq_lens_k, max_length_q, ...) to
-# the GDN kernels, as it would to fla's, which ignore them; so do these.
-def chunk_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    **_attention_kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    # q and k come repeated to the value heads (up to 5.17 at least) or at the key heads (5.24); the
-    # gdn contract takes both, as H = HV or as grouped value heads.
-    return _run(
-        "chunk_gated_delta_rule",
-        query,
-        key,
-        value,
-        g,
-        beta,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
+def _delta_rule(op: str, name: str) -> Callable:
+    """The adapter transformers calls for `op` (the chunk op or the recurrent decode), by `name`."""
+
+    # From 5.15 transformers forwards its remaining attention kwargs (cu_seq_lens_k, max_length_q, ...)
+    # to the GDN kernels, as it would to fla's, which ignore them; so does this. q and k come repeated
+    # to the value heads (up to 5.17 at least) or at the key heads (5.24): the gdn contract takes both,
+    # as H = HV or as grouped value heads.
+    def adapter(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        *,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        cu_seqlens: torch.Tensor | None = None,
+        **_attention_kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return _run(
+            op,
+            query,
+            key,
+            value,
+            g,
+            beta,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+
+    adapter.__name__ = adapter.__qualname__ = name
+    return adapter
 
 
-def recurrent_gated_delta_rule(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    use_qk_l2norm_in_kernel: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    **_attention_kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    return _run(
-        "fused_recurrent_gated_delta_rule",
-        query,
-        key,
-        value,
-        g,
-        beta,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
+chunk_gated_delta_rule = _delta_rule("chunk_gated_delta_rule", "chunk_gated_delta_rule")
+recurrent_gated_delta_rule = _delta_rule("fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule")
 
 
 def causal_conv1d_fn(
