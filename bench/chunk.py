@@ -5,7 +5,11 @@ allocates, bf16, q/k l2norm in the kernel, at the issue's shapes. FLA's Hopper g
 backward refuses Triton >= 3.4, < 3.7.1) is bypassed for timing only: its numbers there are not a
 statement that its backward is correct on that stack. Also checks each implementation against eager.
 
-Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--matrix-out FILE]
+With --sweep, also the triton forward+backward under each setting of SWEEP (knobs of
+gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
+forward+backward (torch.profiler), triton's and fla's, to say where the time goes.
+
+Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile] [--matrix-out FILE]
 """
 
 from __future__ import annotations
@@ -19,6 +23,16 @@ import gdn
 from bench._common import environment, median_ms, peak_gib, print_table, write_matrix_rows, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128), (1, 32768, 16, 32, 128)]
+SWEEP = [
+    {"num_stages": 2, "state_stages": 2},
+    {"wy_bwd_warps": 8},
+    {"dqkwg_warps": 4},
+    {"state_warps": 8},
+    {"state_bv": 32},
+    {"prepare_warps": 8},
+    {"output_bv": 64},
+]
+PROFILED_REPS = 5
 
 
 def make_inputs(B, T, H, HV, D, dtype=torch.bfloat16):
@@ -54,15 +68,20 @@ def fla_impl():
     return run
 
 
+def fwd_bwd_of(fn, inputs, do):
+    def fwd_bwd():
+        out, _ = fn(*inputs)
+        out.backward(do)
+
+    return fwd_bwd
+
+
 def measure(fn, inputs, do) -> dict:
     def fwd():
         with torch.no_grad():
             return fn(*inputs)
 
-    def fwd_bwd():
-        out, _ = fn(*inputs)
-        out.backward(do)
-
+    fwd_bwd = fwd_bwd_of(fn, inputs, do)
     return {
         "fwd_ms": round(median_ms(fwd), 3),
         "fwd_bwd_ms": round(median_ms(fwd_bwd, grad_to_none=inputs), 3),
@@ -84,6 +103,56 @@ def agreement(fn, ref, inputs, do) -> str:
     return f"{worst:.2e}"
 
 
+def sweep_rows(inputs, do, shape: str) -> list[dict]:
+    """forward+backward of the triton backend under each knob setting, next to its defaults."""
+    from gdn.backends.triton.common import config
+
+    rows = []
+    for knobs in [{}, *SWEEP]:
+        config.OVERRIDES.clear()
+        config.OVERRIDES.update(knobs)
+        try:
+            ms = median_ms(fwd_bwd_of(gdn_impl("triton"), inputs, do), grad_to_none=inputs)
+        except Exception as exc:  # a setting the compiler or the GPU refuses is a result too
+            rows.append({"shape": shape, "knobs": knobs or "defaults", "error": f"{type(exc).__name__}: {exc}"[:200]})
+            continue
+        finally:
+            config.OVERRIDES.clear()
+        rows.append({"shape": shape, "knobs": knobs or "defaults", "fwd_bwd_ms": round(ms, 3)})
+    return rows
+
+
+def kernel_times(fn, inputs, do, shape: str, impl: str) -> list[dict]:
+    """CUDA time per kernel of one forward+backward (mean of PROFILED_REPS), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fwd_bwd = fwd_bwd_of(fn, inputs, do)
+    for x in inputs:
+        x.grad = None
+    fwd_bwd()  # compiled and autotuned outside the profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(PROFILED_REPS):
+            for x in inputs:
+                x.grad = None
+            fwd_bwd()
+        torch.cuda.synchronize()
+    rows = []
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", 0) or getattr(event, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append(
+                {
+                    "shape": shape,
+                    "impl": impl,
+                    "kernel": event.key[:80],
+                    "ms": round(us / PROFILED_REPS / 1000, 4),
+                    "launches": event.count // PROFILED_REPS,
+                }
+            )
+    return sorted(rows, key=lambda r: -r["ms"])
+
+
 def main() -> None:
     from gdn.backends.fla import bypass_hopper_guard
 
@@ -91,7 +160,7 @@ def main() -> None:
     shapes = SHAPES[:1] if quick else SHAPES
     impls = {"triton": gdn_impl("triton"), "fla": fla_impl(), "eager": gdn_impl("eager")}
     impls = {name: fn for name, fn in impls.items() if fn is not None}
-    rows = []
+    rows, sweep, kernels = [], [], []
     with bypass_hopper_guard():
         for B, T, H, HV, D in shapes:
             inputs = make_inputs(B, T, H, HV, D)
@@ -100,6 +169,14 @@ def main() -> None:
             for name, fn in impls.items():
                 check = agreement(fn, impls["eager"], inputs, do) if name != "eager" else "-"
                 rows.append({"shape": shape, "impl": name, **measure(fn, inputs, do), "rel_err_vs_eager": check})
+                print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
+            if "--sweep" in sys.argv:
+                sweep += sweep_rows(inputs, do, shape)
+                print_table(sweep[-len(SWEEP) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "error"])
+            if "--profile" in sys.argv:
+                for name in ("triton", "fla"):
+                    if name in impls:
+                        kernels += kernel_times(impls[name], inputs, do, shape, name)
             torch.cuda.empty_cache()
     for row in rows:
         fla = next((r for r in rows if r["shape"] == row["shape"] and r["impl"] == "fla"), None)
@@ -116,6 +193,11 @@ def main() -> None:
         "rows": rows,
         "note": "fla timed with its Hopper guard bypassed (timing only)",
     }
+    if sweep:
+        payload["sweep"] = sweep
+    if kernels:
+        payload["kernels"] = kernels
+        print_table(kernels, ["shape", "impl", "kernel", "ms", "launches"])
     if "--matrix-out" in sys.argv:
         write_matrix_rows(Path(sys.argv[sys.argv.index("--matrix-out") + 1]), "chunk_gated_delta_rule", payload)
         return
