@@ -58,12 +58,9 @@ def tests(session: nox.Session) -> None:
 # The Triton versions the matrix carries: triton-ascend's 3.2, the GPU stack's 3.6 and the index's
 # latest, 3.9 (no block pointers). The kernels run under TRITON_INTERPRET=1 on the CPU.
 TRITON_VERSIONS = ["3.2.0", "3.6.0", "3.9.0"]
-# The tests that run the chunk kernels: their own, and the grpo family, whose GRPO step trains through
-# them (triton against eager, padded and packed, at tiny sizes). They run under the GPU stack's Triton
-# only, for now: under Triton 3.2's interpreter one of the chunk tests fails and that file takes over
-# 8 minutes on 2 cores (open in issue 4).
-CHUNK_INTERPRETER_TRITON = "3.6.0"
-CHUNK_TESTS = ["tests/test_triton_chunk.py", "tests/test_grpo.py"]
+# Besides the kernels' own tests: the grpo family, whose GRPO step trains through the chunk kernels
+# (triton against eager, padded and packed, at tiny sizes), and the fla adapter's.
+KERNEL_TESTS = ["tests/test_grpo.py", "tests/test_fla_backend.py"]
 
 
 @nox.session
@@ -73,9 +70,7 @@ def kernels(session: nox.Session, triton: str) -> None:
     install_project(session, "test")
     session.install("-c", CPU_CONSTRAINTS, f"triton=={triton}")
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_triton_*.py"))
-    files = [f for f in files if f not in CHUNK_TESTS] + ["tests/test_fla_backend.py"]
-    if triton == CHUNK_INTERPRETER_TRITON:
-        files += CHUNK_TESTS
+    files += KERNEL_TESTS
     # These sessions exist to test triton: its grpo comparison failing to run (an install or a probe
     # rejection making it skip or fall back to eager) fails rather than passing as skipped.
     env = {"TRITON_INTERPRET": "1", "GDN_EXPECT_MODES": "triton"}
