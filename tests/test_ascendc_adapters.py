@@ -24,6 +24,10 @@ from standins.support import Counted, compare_with_eager, legacy, stable
 pytestmark = pytest.mark.single_op
 
 TOL = 1.2e-2
+# dg is a reverse cumulative sum whose terms cancel, so its bf16 error relative to its own norm has a
+# long tail the other outputs lack: median 3.5e-3, max 9.2e-3 over 1,200 random cases, 1.4e-2 seen once
+# in CI. A wrong layout or a missing term still costs O(1).
+DG_TOL = 3e-2
 CHUNK = "chunk_gated_delta_rule"
 CONV = "causal_conv1d_fn"
 CHUNK_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
@@ -45,7 +49,8 @@ def gdn_inputs(gen, *, B=1, T=150, H=2, HV=4, K=32, V=32, cu=None, dtype=torch.f
 
 
 def assert_close(errors: dict[str, float], tol: float = TOL) -> None:
-    assert errors and max(errors.values()) < tol, errors
+    bad = {name: err for name, err in errors.items() if not err < (max(tol, DG_TOL) if name == "dg" else tol)}
+    assert errors and not bad, errors
 
 
 # ---------------------------------------------------------------------------------------------------
