@@ -25,7 +25,8 @@ from bench._common import environment, median_ms, peak_gib, print_table, write_m
 SHAPES = [(1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128), (1, 32768, 16, 32, 128)]
 # Knob settings next to the defaults. From ptxas on sm_90 (bf16, K=V=128, defaults): prepare uses 220
 # registers at 4 warps (two programs per SM; 179 at 1 warp), the WY backward 255 with 472 bytes of
-# spills, qk_grads 255 with 68; the state passes 234-238.
+# spills (304 with 32-wide K slices, 68 with those at 8 warps), qk_grads 255 with 68 (249 and none
+# with BK=32, which also narrows the other K-sliced stages); the state passes 234-238.
 SWEEP = [
     {"num_stages": 2},
     {"state_stages": 2},
@@ -33,6 +34,8 @@ SWEEP = [
     {"prepare_warps": 2},
     {"wy_bwd_warps": 8},
     {"wy_bwd_bk": 32},
+    {"wy_bwd_bk": 32, "wy_bwd_warps": 8},
+    {"BK": 32},
     {"dqkwg_warps": 4},
     {"state_warps": 8},
     {"state_bv": 32},
