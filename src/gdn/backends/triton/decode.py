@@ -10,7 +10,7 @@ decode is bound by that traffic, so the V slice and the warps are chosen for ban
 `launch_config`), with no autotuning. Measured on the H200 (bench/decode.py): 64 fp32 columns per
 program at 4 warps, no cache-eviction hints, and the state addressed as one 64-bit base per program
 plus 32-bit offsets within the slot (64-bit per-element addresses cost registers and occupancy)
-took the pool update from 2.9 to 3.8 TB/s at B=256.
+took the pool update from 2.9 to 3.6 TB/s at B=256 (2026-11-29).
 
 The token count is a runtime argument that Triton does not specialize, and no other argument
 changes with it (token offsets are computed in the kernel from constexpr head counts and dims), so
