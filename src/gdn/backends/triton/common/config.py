@@ -77,9 +77,11 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
     wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
     # Measured on the H200 at the benchmark shapes (bf16, fwd+bwd): 3 pipeline stages are 3-10% faster
-    # than 2 in the state passes and 2-4% in the others, and the WY backward at 4 warps 5% faster than
-    # at 8. fp32 inputs failed at 3 stages on the H200 (K=100 and K=128 test cases) and keep the WY
-    # backward at the warps its accuracy tests passed with (at 4, a strong-gate dg missed 1e-4: 1.8e-4).
+    # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 5-10% faster than
+    # at 8, and prepare at 1 warp 7-8% faster than at 4 (its dots are 16 x 16 blocks, its forward
+    # substitution a chain of them: more warps only add synchronisation). fp32 inputs failed at 3
+    # stages on the H200 (K=100 and K=128 test cases) and keep the WY backward at the warps its
+    # accuracy tests passed with (at 4, a strong-gate dg missed 1e-4: 1.8e-4).
     sixteen_bit = element_size <= 2
     stages = 3 if sixteen_bit else 2
     return Tiles(
@@ -92,7 +94,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         state_bv_short=min(32, VP),
         output_bv=min(128, VP),
         wy_bwd_bk=min(64, KP),
-        prepare_warps=4,
+        prepare_warps=1,
         wu_warps=4,
         state_warps=4,
         output_warps=4,
@@ -102,6 +104,13 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         num_stages=stages,
         state_stages=stages,
     )
+
+
+def narrow_slice_warps(warps: int, *slices: int) -> int:
+    """At most 4 warps when a slice is narrower than 32: with 16-wide slices, 8 warps made qk_grads
+    fault (illegal memory access) and the WY backward return wrong fp32 gradients on the H200
+    (Triton 3.6), while 4 are correct."""
+    return warps if min(slices) >= 32 else min(warps, 4)
 
 
 def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:

@@ -21,7 +21,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
 
 
@@ -144,9 +144,6 @@ def qk_grads(
     dk = torch.empty_like(dq)
     dw = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
     dG = torch.empty(B, T, HV, NK, dtype=torch.float32, device=q.device)
-    # With 16-wide K or V slices, 8 warps made the kernel fault on the H200 (Triton 3.6, illegal
-    # memory access) while 4 are correct: slices that narrow are too small to split across 8 warps.
-    warps = tiles.dqkwg_warps if min(tiles.BK, tiles.BV) >= 32 else min(tiles.dqkwg_warps, 4)
     with device_guard(q):
         _qk_grads_kernel[(plan.num_chunks, NK, H)](
             q,
@@ -175,7 +172,7 @@ def qk_grads(
             NK=NK,
             IS_VARLEN=plan.is_varlen,
             FP32_DOT=fp32_dot,
-            num_warps=warps,
+            num_warps=narrow_slice_warps(tiles.dqkwg_warps, tiles.BK, tiles.BV),
             num_stages=tiles.num_stages,
         )
     return dq, dk, dw, dG

@@ -21,19 +21,29 @@ from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, 
 
 
 @triton.jit
-def _unit_lower_inverse(A, BC: tl.constexpr, FP32_DOT: tl.constexpr):
-    """(I + A)^-1 for a strictly lower [BC, BC] block by forward substitution: with Y = T - I,
+def _lower_step(Y, R, FP32_DOT: tl.constexpr):
+    if FP32_DOT is not None:
+        return Y + tl.dot(R, Y, input_precision=FP32_DOT)
+    return Y + tl.dot(R, Y)
+
+
+@triton.jit
+def _unit_lower_inverses(A0, A1, A2, A3, BC: tl.constexpr, FP32_DOT: tl.constexpr):
+    """(I + A)^-1 of four strictly lower [BC, BC] blocks by forward substitution: with Y = T - I,
     y_i = -a_i - sum_{m < i} a_im y_m. Row i of Y still holds -a_i when its turn comes, so with R = Y
-    masked to row i, Y + R Y updates row i alone (registers cannot be indexed by row)."""
+    masked to row i, Y + R Y updates row i alone (registers cannot be indexed by row). The four
+    substitutions are independent and share one loop: each step's dots can overlap instead of
+    waiting on one chain of BC - 1 dependent dots per block."""
     o = tl.arange(0, BC)
-    Y = -A
+    Y0, Y1, Y2, Y3 = -A0, -A1, -A2, -A3
     for i in range(1, BC):
-        R = tl.where(o[:, None] == i, Y, 0.0)
-        if FP32_DOT is not None:
-            Y += tl.dot(R, Y, input_precision=FP32_DOT)
-        else:
-            Y += tl.dot(R, Y)
-    return Y + tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+        row = o[:, None] == i
+        Y0 = _lower_step(Y0, tl.where(row, Y0, 0.0), FP32_DOT)
+        Y1 = _lower_step(Y1, tl.where(row, Y1, 0.0), FP32_DOT)
+        Y2 = _lower_step(Y2, tl.where(row, Y2, 0.0), FP32_DOT)
+        Y3 = _lower_step(Y3, tl.where(row, Y3, 0.0), FP32_DOT)
+    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    return Y0 + eye, Y1 + eye, Y2 + eye, Y3 + eye
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -128,10 +138,7 @@ def _prepare_kernel(
     A31 *= masked_exp(G3[:, None] - G1[None, :], m3[:, None] & m1[None, :]) * b3[:, None]
     A32 *= masked_exp(G3[:, None] - G2[None, :], m3[:, None] & m2[None, :]) * b3[:, None]
 
-    T00 = _unit_lower_inverse(A00, BC, FP32_DOT)
-    T11 = _unit_lower_inverse(A11, BC, FP32_DOT)
-    T22 = _unit_lower_inverse(A22, BC, FP32_DOT)
-    T33 = _unit_lower_inverse(A33, BC, FP32_DOT)
+    T00, T11, T22, T33 = _unit_lower_inverses(A00, A11, A22, A33, BC, FP32_DOT)
     T10 = -mma(mma(T11, A10, FP32_DOT), T00, FP32_DOT)
     T21 = -mma(mma(T22, A21, FP32_DOT), T11, FP32_DOT)
     T32 = -mma(mma(T33, A32, FP32_DOT), T22, FP32_DOT)

@@ -1,5 +1,6 @@
 """Backward through the WY representation and the gate cumsum, one program per (chunk, query/key head)
-looping over the head's value heads, each adding its part of dk to the fp32 buffer in place.
+looping over the head's value heads, then completing dk (an fp32 buffer holding the output/state
+part) in one pass over K for the whole group.
 
 With w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1, A = beta_i k_i.k_j exp(G_i - G_j) (j < i):
     dT = dw (beta exp(G) k)^T + du (beta v)^T   (lower triangle: T has no other entries)
@@ -17,7 +18,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
 
 
@@ -49,13 +50,17 @@ def _wy_bwd_kernel(
     FP32_DOT: tl.constexpr,
 ):
     """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dk (fp32)
-    holds the output/state part of the key gradient and each value head adds its part in place."""
+    holds the output/state part of the key gradient and is completed in place, once per chunk."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     mt = i_t * BT + o_t < T_n
     tok = (bos + i_t * BT + o_t).to(tl.int64)
+    lower = o_t[:, None] >= o_t[None, :]
 
+    # The dA part of dk, (dA b + (dA b)^T) k, is linear in the [BT, BT] factor: summed over the value
+    # heads here, it costs one pass over k for all of them.
+    dAs = tl.zeros([BT, BT], dtype=tl.float32)
     for i_g in range(HV // H):
         i_hv = i_h * (HV // H) + i_g
         b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
@@ -63,24 +68,22 @@ def _wy_bwd_kernel(
         A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
         AT = tl.trans(A)
         eG = masked_exp(G, mt)
-        db = tl.zeros([BT], dtype=tl.float32)
-        dG_t = tl.zeros([BT], dtype=tl.float32)
 
-        # w = T (beta exp(G) k)
-        dT = tl.zeros([BT, BT], dtype=tl.float32)
-        tl.debug_barrier()  # dk was written by other threads of this program (previous value head)
+        # w = T (beta exp(G) k). With P = dw k^T: dT gets P diag(beta exp(G)), and the row sums of
+        # (T^T dw) o k, which beta and G need, are the column sums of T o P.
+        P = tl.zeros([BT, BT], dtype=tl.float32)
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
             m_tk = mt[:, None] & (o_k < K)[None, :]
-            kf = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0).to(tl.float32)
+            kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
-            dT += mma(dwt, tl.trans(cast_as(kf * (b * eG)[:, None], k)), FP32_DOT)
-            dkb = mma(AT, dwt, FP32_DOT)
-            dkb_k = tl.sum(dkb * kf, 1) * eG
-            db += dkb_k
-            dG_t += dkb_k * b
-            p_dk = dk + (tok * H + i_h)[:, None] * K + o_k[None, :]
-            tl.store(p_dk, tl.load(p_dk, mask=m_tk, other=0.0) + dkb * (b * eG)[:, None], mask=m_tk)
+            P += mma(dwt, tl.trans(kt), FP32_DOT)
+            kk += mma(kt, tl.trans(kt), FP32_DOT)
+        dkb_k = tl.sum(A.to(tl.float32) * P, 0) * eG
+        db = dkb_k
+        dG_t = dkb_k * b
+        dT = P * (b * eG)[None, :]
 
         # u = T (beta v)
         for v0 in range(0, V, BV):
@@ -95,20 +98,10 @@ def _wy_bwd_kernel(
             db += tl.sum(dvb * vf, 1)
 
         # T = (I + A)^-1: dA = -T^T dT T^T on the strictly lower triangle, times the decay of A
-        dT = cast_as(tl.where(o_t[:, None] >= o_t[None, :], dT, 0.0), k)
+        dT = cast_as(tl.where(lower, dT, 0.0), k)
         dA = -mma(cast_as(mma(AT, dT, FP32_DOT), k), AT, FP32_DOT)
         dA *= masked_exp(G[:, None] - G[None, :], (o_t[:, None] > o_t[None, :]) & mt[:, None])
-        dAb = cast_as(dA * b[:, None], k)
-        kk = tl.zeros([BT, BT], dtype=tl.float32)
-        tl.debug_barrier()
-        for k0 in range(0, K, BK):
-            o_k = k0 + tl.arange(0, BK)
-            m_tk = mt[:, None] & (o_k < K)[None, :]
-            p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
-            kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
-            kk += mma(kt, tl.trans(kt), FP32_DOT)
-            dk_t = mma(dAb, kt, FP32_DOT) + mma(tl.trans(dAb), kt, FP32_DOT)
-            tl.store(dk + p_qk, tl.load(dk + p_qk, mask=m_tk, other=0.0) + dk_t, mask=m_tk)
+        dAs += dA * b[:, None]
         dAkk = dA * kk
         db += tl.sum(dAkk, 1)
         dAA = dAkk * b[:, None]  # dA_ij * A_ij
@@ -120,6 +113,23 @@ def _wy_bwd_kernel(
         dg_t = tl.sum(tl.where(o_t[:, None] <= o_t[None, :], tl.where(mt, dG_t, 0.0)[None, :], 0.0), 1)
         tl.store(dg + tok * HV + i_hv, dg_t, mask=mt)
         tl.store(dbeta + tok * HV + i_hv, db, mask=mt)
+
+    # dk += (dA b + (dA b)^T) k + sum over value heads of diag(beta exp(G)) T^T dw
+    dAs = cast_as(dAs + tl.trans(dAs), k)
+    for k0 in range(0, K, BK):
+        o_k = k0 + tl.arange(0, BK)
+        m_tk = mt[:, None] & (o_k < K)[None, :]
+        p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
+        kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
+        dk_t = tl.load(dk + p_qk, mask=m_tk, other=0.0) + mma(dAs, kt, FP32_DOT)
+        for i_g in range(HV // H):
+            i_hv = i_h * (HV // H) + i_g
+            b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
+            eG = masked_exp(tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0), mt)
+            A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
+            dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            dk_t += mma(tl.trans(A), dwt, FP32_DOT) * (b * eG)[:, None]
+        tl.store(dk + p_qk, dk_t, mask=m_tk)
 
 
 def wy_backward(
@@ -167,7 +177,7 @@ def wy_backward(
             NK=dG.shape[-1],
             IS_VARLEN=plan.is_varlen,
             FP32_DOT=fp32_dot,
-            num_warps=tiles.wy_bwd_warps,
+            num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
     return dk, du, dbeta, dg
