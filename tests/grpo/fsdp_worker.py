@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from gdn.integrations import transformers as gdn_transformers
@@ -25,19 +26,22 @@ from grpo.step import grpo_step
 CPU = torch.device("cpu")
 
 
-def shard(model: torch.nn.Module) -> None:
+def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
     for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
 
 
 def main(out: Path) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    # fully_shard's default mesh is on the accelerator when there is one: it would move the CPU
+    # models' shards to the GPU.
+    mesh = init_device_mesh("cpu", (world,))
     with gdn_transformers.patch(mode="eager") as handle:
         actor, ref = models("dense", CPU)
-        shard(actor)
-        shard(ref)
+        shard(actor, mesh)
+        shard(ref, mesh)
         rollout = sample(actor, SEED)
         # FSDP2 keeps the root's parameters gathered after a forward that no backward follows; the
         # step's optimizer must be built over the sharded ones.
