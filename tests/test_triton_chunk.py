@@ -150,11 +150,20 @@ def test_narrow_tiles_agree(gen, monkeypatch):
 @pytest.mark.single_op
 def test_strong_gates_stay_finite(gen):
     """Cumulative log decays far past exp's range, and exact zeros: no NaN or Inf anywhere, and still
-    the recurrence's result."""
+    the recurrence's result.
+
+    The kernels form the decay between two tokens of a chunk as a difference of chunk-local cumulative
+    gates (as fla does), which keeps only G's absolute precision: with G in the thousands, a decay near
+    1 is off by about eps * |G| relative (eager sums the segment instead). That bound is the tolerance
+    here, about 7e-4 for these gates; measured: dg up to 6.6e-5 under the interpreter (exact fp32 dots) and
+    1.8e-4 on the H200 (tf32x3), against 3e-7 for eager."""
     q, k, v, _, beta, h0 = make_inputs(gen, 100, 1, 2, 32, 32)
     g = -torch.rand(1, 100, 2, generator=gen) * 200.0
     g[:, ::7] = 0.0
-    check_against_recurrence(gen, (q, k, v, g, beta, h0), TOL[torch.float32], l2norm=True)
+    largest_G = max(g[:, s : s + config.CHUNK].cumsum(1).abs().max().item() for s in range(0, 100, config.CHUNK))
+    tol = max(TOL[torch.float32], torch.finfo(torch.float32).eps * largest_G)
+    assert tol < 1e-3  # still a test of the result: a missing or wrong term is off by O(1)
+    check_against_recurrence(gen, (q, k, v, g, beta, h0), tol, l2norm=True)
 
 
 @pytest.mark.single_op
