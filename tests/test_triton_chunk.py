@@ -258,6 +258,19 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch):
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
 
 
+@pytest.mark.single_op
+def test_narrow_slices_launch_at_most_four_warps(monkeypatch):
+    """With 16-wide slices, 8 warps made qk_grads fault and the WY backward return wrong fp32 gradients
+    on the H200: those launches are capped at 4, while slices of 32 or more keep the configured 8."""
+    narrow = dict(BK=16, BV=16, wy_bwd_bk=16, dqkwg_warps=8, wy_bwd_warps=8)
+    monkeypatch.setattr(config, "OVERRIDES", narrow)
+    launches = Launches(monkeypatch)
+    run_op(70)
+    warps = {kernel.fn.__name__: kwargs["num_warps"] for kernel, _, _, kwargs in launches.calls}
+    assert warps["_qk_grads_kernel"] == 4 and warps["_wy_bwd_kernel"] == 4, warps
+    assert config.narrow_slice_warps(8, 32, 64) == 8
+
+
 def compiled_binaries(kernel) -> int:
     caches = getattr(kernel, "device_caches", None)
     if caches is not None:  # Triton >= 3.3: device -> (kernel cache, key cache, target, backend, binder)

@@ -80,8 +80,8 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 5-10% faster than
     # at 8, and prepare at 1 warp 7-8% faster than at 4 (its dots are 16 x 16 blocks, its forward
     # substitution a chain of them: more warps only add synchronisation). fp32 inputs failed at 3
-    # stages on the H200 (K=100 and K=128 test cases) and keep the WY backward at the warps its
-    # accuracy tests passed with (at 4, a strong-gate dg missed 1e-4: 1.8e-4).
+    # stages on the H200 (K=100 and K=128 test cases) and keep the WY backward at `wide` warps, which their
+    # tests passed with; 4 was not timed for fp32.
     sixteen_bit = element_size <= 2
     stages = 3 if sixteen_bit else 2
     return Tiles(

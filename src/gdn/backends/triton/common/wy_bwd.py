@@ -122,6 +122,8 @@ def _wy_bwd_kernel(
         p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
         kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
         dk_t = tl.load(dk + p_qk, mask=m_tk, other=0.0) + mma(dAs, kt, FP32_DOT)
+        # T, beta and G are reloaded per K slice (from cache): keeping every value head's T in
+        # registers across this loop would cost more than the loads
         for i_g in range(HV // H):
             i_hv = i_h * (HV // H) + i_g
             b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
