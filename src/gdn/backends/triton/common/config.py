@@ -77,7 +77,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
     wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
     # Measured on the H200 at the benchmark shapes (bf16, fwd+bwd): 3 pipeline stages are 3-10% faster
-    # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 5-10% faster than
+    # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 4-5% faster than
     # at 8, and prepare at 1 warp 7-8% faster than at 4 (its dots are 16 x 16 blocks, its forward
     # substitution a chain of them: more warps only add synchronisation). fp32 inputs failed at 3
     # stages on the H200 (K=100 and K=128 test cases) and keep the WY backward at `wide` warps, which their
