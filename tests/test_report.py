@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from browser import chromium
 from gdn.matrix import report as report_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.results import CellOutcome, write_json
@@ -630,17 +629,6 @@ def test_write_report_files(report, tmp_path):
     assert "&lt;b&gt;not bold&lt;/b&gt;" in html
 
 
-def _chromium() -> str:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser:
-        return browser
-    if os.environ.get("GDN_ALLOW_NO_BROWSER") == "1":
-        pytest.skip("chromium is not installed and GDN_ALLOW_NO_BROWSER=1")
-    pytest.fail(
-        "headless Chromium is needed to check report.html: apt-get install -y chromium (or GDN_ALLOW_NO_BROWSER=1)"
-    )
-
-
 def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
     command = [
         browser,
@@ -660,7 +648,7 @@ def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
 
 
 def test_html_renders_in_headless_chromium(report, tmp_path):
-    browser = _chromium()
+    browser = chromium()
     html = report_mod.write_report(report, tmp_path / "out")["html"]
     dom = _headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
     assert dom.returncode == 0, dom.stderr

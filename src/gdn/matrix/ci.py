@@ -1,6 +1,7 @@
 """The GitHub Actions job matrix, generated from matrix.yaml (the workflow holds no second copy of the
-cell list). Cells with a `self-hosted` runner label go to the self-hosted job (never run for pull
-requests from forks); the others to the hosted job.
+cell list). A cell goes to the hosted job only when its runner labels can mean nothing but one of
+GitHub's own machines: a single label from GitHub's list of standard hosted runners. Every other cell
+goes to the self-hosted job, which never runs for pull requests from forks.
 
     python -m gdn.matrix.ci [--matrix matrix.yaml] [--cells a,b] [--github-output $GITHUB_OUTPUT]
 
@@ -19,7 +20,39 @@ from pathlib import Path
 
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, load_matrix
 
-SELF_HOSTED = "self-hosted"
+# The labels of GitHub's standard hosted runners (docs.github.com: "GitHub-hosted runners reference").
+# GitHub routes by label and a self-hosted runner needs no `self-hosted` label in `runs-on`, so any
+# label not on this list may reach a runner of ours: such cells must go to the guarded job. Only labels
+# GitHub documents belong here; a hosted label missing from the list merely sends its cell to the
+# guarded job, while a custom label on it would open our runners to forks. Retired labels
+# (ubuntu-20.04, windows-2019, macos-13) are left out: no hosted runner answers to them any more, so
+# only a runner of ours could take such a job.
+GITHUB_HOSTED_LABELS = frozenset(
+    {
+        "ubuntu-latest",
+        "ubuntu-24.04",
+        "ubuntu-22.04",
+        "ubuntu-slim",
+        "ubuntu-24.04-arm",
+        "ubuntu-22.04-arm",
+        "windows-latest",
+        "windows-2025",
+        "windows-2022",
+        "windows-11-arm",
+        "macos-latest",
+        "macos-26",
+        "macos-15",
+        "macos-26-intel",
+        "macos-15-intel",
+    }
+)
+
+
+def github_hosted(labels: Sequence[str]) -> bool:
+    """Whether `runs-on: labels` can only be one of GitHub's hosted runners. Labels match without
+    regard to case; several labels ask for a runner that has them all, which no hosted runner does."""
+    names = {label.lower() for label in labels}
+    return len(names) == 1 and names <= GITHUB_HOSTED_LABELS
 
 
 def job_entry(cell: Cell) -> dict:
@@ -49,8 +82,8 @@ def select(matrix: Matrix, names: Sequence[str]) -> list[Cell]:
 def job_matrices(matrix: Matrix, names: Sequence[str] = ()) -> dict[str, dict]:
     cells = select(matrix, names)
     return {
-        "hosted": {"include": [job_entry(c) for c in cells if SELF_HOSTED not in c.runner_labels]},
-        "self_hosted": {"include": [job_entry(c) for c in cells if SELF_HOSTED in c.runner_labels]},
+        "hosted": {"include": [job_entry(c) for c in cells if github_hosted(c.runner_labels)]},
+        "self_hosted": {"include": [job_entry(c) for c in cells if not github_hosted(c.runner_labels)]},
     }
 
 
