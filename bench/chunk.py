@@ -9,18 +9,17 @@ With --sweep, also the triton forward+backward under each setting of SWEEP (knob
 gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
 forward+backward (torch.profiler), triton's and fla's, to say where the time goes.
 
-Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile] [--matrix-out FILE]
+Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile]
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
 import gdn
-from bench._common import environment, median_ms, peak_gib, print_table, write_matrix_rows, write_results
+from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128), (1, 32768, 16, 32, 128)]
 # Knob settings next to the defaults. From ptxas on sm_90 (bf16, K=V=128, defaults): the WY backward
@@ -42,18 +41,6 @@ SWEEP = [
     {"output_bv": 64},
 ]
 PROFILED_REPS = 5
-
-
-def make_inputs(B, T, H, HV, D, dtype=torch.bfloat16):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen, dtype=dtype)
-
-    q, k, v = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, HV, D)
-    g = -torch.rand(B, T, HV, device="cuda", generator=gen) * 0.2  # fp32 log decay, as Qwen3.5 computes it
-    beta = torch.rand(B, T, HV, device="cuda", generator=gen, dtype=dtype)
-    return [x.requires_grad_() for x in (q, k, v, g, beta)]
 
 
 def gdn_impl(mode: str):
@@ -172,7 +159,7 @@ def main() -> None:
     rows, sweep, kernels = [], [], []
     with bypass_hopper_guard():
         for B, T, H, HV, D in shapes:
-            inputs = make_inputs(B, T, H, HV, D)
+            inputs = chunk_inputs(B, T, H, HV, D)
             do = torch.randn(B, T, HV, D, device="cuda", dtype=torch.bfloat16)
             shape = f"B={B} T={T} H={H} HV={HV} K=V={D}"
             for name, fn in impls.items():
@@ -207,9 +194,6 @@ def main() -> None:
     if kernels:
         payload["kernels"] = kernels
         print_table(kernels, ["shape", "impl", "kernel", "ms", "launches"])
-    if "--matrix-out" in sys.argv:
-        write_matrix_rows(Path(sys.argv[sys.argv.index("--matrix-out") + 1]), "chunk_gated_delta_rule", payload)
-        return
     print(f"written {write_results('chunk', payload)}")
 
 

@@ -21,7 +21,7 @@ import argparse
 
 import torch
 
-from bench._common import environment, median_ms, print_table, write_results
+from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
 from gdn.ops import PREPARE
 
@@ -32,17 +32,7 @@ OP = "fused_recurrent_gated_delta_rule_update"
 
 
 def make_inputs(B: int):
-    gen = torch.Generator(device="cuda").manual_seed(B)
-
-    def randn(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, device="cuda", generator=gen, dtype=dtype)
-
-    q, k, v = randn(B, 1, H, K), randn(B, 1, H, K), randn(B, 1, HV, V)
-    g = torch.nn.functional.logsigmoid(randn(B, 1, HV, dtype=torch.float32))
-    beta = randn(B, 1, HV).sigmoid()
-    pool = randn(2 * B, HV, K, V, dtype=torch.float32) * 0.1
-    indices = torch.randperm(2 * B, device="cuda", generator=gen)[:B].to(torch.int32)
-    return (q, k, v, g, beta), pool, indices
+    return pool_decode_inputs(B, H, HV, K, V)
 
 
 def copy_ceiling_tbs() -> float:

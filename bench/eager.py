@@ -2,19 +2,18 @@
 
 Times forward and forward+backward (median of triton.testing.do_bench) and the peak memory each
 allocates, at (B, T, H, HV, K=V) = (1, 8192, 16, 32, 128), bf16, q/k l2norm in the op.
-Usage: PYTHONPATH=src:. python -m bench.eager [--profile] [--matrix-out FILE]
+Usage: PYTHONPATH=src:. python -m bench.eager [--profile]
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from pathlib import Path
 
 import torch
 
 import gdn
-from bench._common import environment, median_ms, peak_gib, print_table, write_matrix_rows, write_results
+from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128)]
 
@@ -30,18 +29,6 @@ def grouped(q, k, v):
     """transformers <= 5.17 expects q/k already repeated to the value heads (its module does it)."""
     group = v.shape[2] // q.shape[2]
     return q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2), v
-
-
-def make_inputs(B, T, H, HV, D, dtype=torch.bfloat16):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen, dtype=dtype)
-
-    q, k, v = randn(B, T, H, D), randn(B, T, H, D), randn(B, T, HV, D)
-    g = -torch.rand(B, T, HV, device="cuda", generator=gen) * 0.2  # fp32, as Qwen3.5 computes it
-    beta = torch.rand(B, T, HV, device="cuda", generator=gen, dtype=dtype)
-    return [x.requires_grad_() for x in (q, k, v, g, beta)]
 
 
 def measure(name, fn, inputs, do):
@@ -86,11 +73,11 @@ def main() -> None:
         "transformers-torch": lambda q, k, v, g, b: reference(*grouped(q, k, v), g, b, use_qk_l2norm_in_kernel=True),
     }
     if "--profile" in sys.argv:
-        profile(impls, make_inputs(*SHAPES[0]))
+        profile(impls, chunk_inputs(*SHAPES[0]))
         return
     rows = []
     for B, T, H, HV, D in SHAPES:
-        inputs = make_inputs(B, T, H, HV, D)
+        inputs = chunk_inputs(B, T, H, HV, D)
         do = torch.randn(B, T, HV, D, device="cuda", dtype=torch.bfloat16)
         with torch.no_grad():
             ours, theirs = (f(*inputs)[0].float() for f in impls.values())
@@ -103,10 +90,6 @@ def main() -> None:
     print_table(rows, ["shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_peak_gib", "fwd_bwd_peak_gib"])
     print(f"forward agreement ||ours - transformers|| / ||transformers|| = {agreement:.2e}")
     payload = {"environment": env, "dtype": "bfloat16", "use_qk_l2norm_in_kernel": True, "rows": rows}
-    if "--matrix-out" in sys.argv:
-        # Inside a matrix cell the source is read-only: the rows go to the cell's results instead.
-        write_matrix_rows(Path(sys.argv[sys.argv.index("--matrix-out") + 1]), "chunk_gated_delta_rule", payload)
-        return
     path = write_results("eager", payload)
     print(f"{env['card']}  torch {env['versions']['torch']}  written {path}")
 

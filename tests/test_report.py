@@ -336,6 +336,7 @@ def test_passed_cell(report):
         },
         "failures": [],
         "bench": BENCH["rows"],
+        "peer_kernels": {"fla": None},
         "expectations": [
             {
                 "op": "chunk_gated_delta_rule",
@@ -436,6 +437,7 @@ def test_not_run_cell(report):
         "families": {},
         "failures": [],
         "bench": None,
+        "peer_kernels": {"fla": None},
         "expectations": [
             {
                 "op": "chunk_gated_delta_rule",

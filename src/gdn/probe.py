@@ -34,6 +34,8 @@ TOOLKIT_INFO = "ascend_toolkit_install.info"
 
 TRITON_DISTRIBUTIONS = ("triton", "triton-ascend")
 FLA_DISTRIBUTIONS = ("fla-core", "flash-linear-attention")
+# what fla's dispatch depends on: FlashQLA's kernels (flash-qla on tilelang, which needs z3-solver)
+PEER_DISTRIBUTIONS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 
 Section = dict[str, Any]
 
@@ -230,7 +232,22 @@ def ascendc_section() -> Section:
 
 
 def fla_section() -> Section:
-    return {"distribution": _distribution(*FLA_DISTRIBUTIONS), "import": _import("fla")[1]}
+    """fla's version, whether it imports (tilelang without z3-solver breaks `import fla`), the versions
+    of the packages that change which kernel fla runs, and that kernel, from fla's own registry."""
+    fla, imported = _import("fla")
+    section: Section = {
+        "distribution": _distribution(*FLA_DISTRIBUTIONS),
+        "import": imported,
+        "peer_packages": {name: (_distribution(name) or {}).get("version") for name in PEER_DISTRIBUTIONS},
+    }
+    if fla is None:
+        return section
+    _mark_stand_in(section, fla)
+    section["flash_qla_import"] = _import("flash_qla")[1] if section["peer_packages"]["flash-qla"] else None
+    from gdn.backends import fla_dispatch
+
+    section["dispatch"] = fla_dispatch.describe()
+    return section
 
 
 def transformers_section() -> Section:
@@ -513,6 +530,27 @@ def _ascendc_text(s: Section) -> str:
     return f"{s['surface']['generation']}; {routes or s['surface']['import_error']}"
 
 
+def fla_kernel_text(s: Section) -> str | None:
+    """The kernel fla's chunk op runs and whether the Hopper guard stops its backward, in one line."""
+    dispatch = s.get("dispatch")
+    if not isinstance(dispatch, dict):
+        return None
+    chunk, guard = dispatch.get("chunk") or {}, dispatch.get("hopper_guard") or {}
+    if chunk.get("error"):
+        return f"chunk kernel unknown ({chunk['error']})"
+    text = f"chunk -> {chunk.get('chosen')}"
+    if guard.get("blocks_gated_backward"):
+        text += "; Hopper guard blocks the gated backward"
+    return text
+
+
+def _fla_text(s: Section) -> str:
+    text = f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}{_stand_in_note(s)}"
+    peers = ", ".join(f"{name} {version}" for name, version in (s.get("peer_packages") or {}).items() if version)
+    kernel = fla_kernel_text(s)
+    return text + (f"; {kernel}" if kernel else "") + (f"; beside {peers}" if peers else "")
+
+
 def _devices_text(s: Section) -> str:
     cuda = s["cuda"]
     cuda_text = cuda["error"] if "error" in cuda else f"{cuda['count']} {[d['name'] for d in cuda['devices']]}"
@@ -535,7 +573,7 @@ SUMMARIES: dict[str, Callable[[Section], str]] = {
     "cann": lambda s: f"toolkit {_version_text(s['toolkit'])}; driver {_version_text(s['driver'])} (root {s['root']})",
     "fla_npu": _fla_npu_text,
     "ascendc": _ascendc_text,
-    "fla": lambda s: f"{_dist_text(s['distribution'])}; {_import_text(s['import'])}",
+    "fla": _fla_text,
     "transformers": lambda s: _dist_text(s["distribution"]),
     "devices": _devices_text,
     "gdn": _gdn_text,

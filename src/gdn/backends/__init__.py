@@ -1,5 +1,5 @@
 """The built-in backends, in registration order. Backends that need optional packages (triton, fla,
-torch_npu) load them lazily on first resolution, so listing them imports nothing heavy."""
+flash_qla, torch_npu) load them lazily on first resolution, so listing them imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
-    from gdn.backends import ascendc, fla, triton
+    from gdn.backends import ascendc, fla, flashqla, triton
     from gdn.backends.eager import EAGER
 
-    return [EAGER, ascendc.ASCENDC, triton.make_backend(), fla.make_backend()]
+    return [EAGER, ascendc.ASCENDC, triton.make_backend(), fla.make_backend(), flashqla.make_backend()]

@@ -1,7 +1,9 @@
 """Compare two matrix reports (report.json) and say what an upgrade changes: backend resolution per
 (cell, op, device), tests that newly fail or no longer fail, cell status, versions, cells added or
-removed, unmet expectations and benchmark slowdowns. `gdn-matrix diff OLD NEW` prints Markdown and
-exits non-zero when anything is a regression, so it can gate a wheel upgrade in CI.
+removed, unmet expectations, benchmark slowdowns per (op, backend, shape, pass), the fastest backend
+of each (op, shape, pass), and the kernel each peer itself runs (fla's own dispatch). `gdn-matrix diff
+OLD NEW` prints Markdown and exits non-zero when anything is a regression, so it can gate a wheel upgrade
+in CI. A peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gdn.matrix import peers, speed
+from gdn.matrix.bench_schema import shape_text
 from gdn.matrix.report import SCHEMA, UNMARKED_FAMILY, bench_label, expectation_text, md_cell, md_table
 
 DEFAULT_THRESHOLD = 0.10
@@ -102,6 +106,26 @@ class Slowdown:
 
 
 @dataclass
+class FastestChange:
+    cell: str
+    group: str  # "op pass (shape)"
+    old: str
+    new: str
+
+
+@dataclass
+class KernelChange:
+    """A peer's own kernel changed (e.g. fla's chunk op: triton -> flash_qla); `with_` lists the
+    slowdowns and resolution losses of that cell that came with it (then it is a regression)."""
+
+    cell: str
+    peer: str
+    old: str
+    new: str
+    with_: list[str] = field(default_factory=list)
+
+
+@dataclass
 class ReportDiff:
     threshold: float
     backend_changes: list[BackendChange] = field(default_factory=list)
@@ -114,6 +138,8 @@ class ReportDiff:
     not_compared: list[str] = field(default_factory=list)
     expectation_violations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
+    fastest_changes: list[FastestChange] = field(default_factory=list)
+    kernel_changes: list[KernelChange] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
 
     @property
@@ -204,12 +230,13 @@ def _version_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> lis
 
 
 def _bench_index(cell: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """(label, ms) per benchmark row, keyed on op + impl + shape."""
+    """(label, ms) per benchmark row, keyed on op + backend + shape + pass."""
     index = {}
     for row in cell.get("bench") or []:
         ms = row.get("ms") if isinstance(row, dict) else None
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            key = json.dumps([row.get("op"), row.get("impl"), row.get("shape")], sort_keys=True, default=str)
+            backend = row.get("backend") or row.get("impl")
+            key = json.dumps([row.get("op"), backend, row.get("shape"), row.get("pass")], sort_keys=True, default=str)
             index[key] = (bench_label(row), float(ms))
     return index
 
@@ -218,6 +245,31 @@ def _slowdowns(name: str, old: dict[str, Any], new: dict[str, Any], threshold: f
     before, after = _bench_index(old), _bench_index(new)
     found = [Slowdown(name, label, ms, after[key][1]) for key, (label, ms) in before.items() if key in after]
     return [s for s in found if s.ratio > threshold]
+
+
+def _fastest(cell: dict[str, Any]) -> dict[str, str]:
+    """The fastest timed backend per "op pass (shape)"."""
+    best: dict[str, tuple[float, str]] = {}
+    for row in speed.cell_rows(cell):
+        if row.ms is not None:
+            group = f"{row.op} {row.pass_} ({shape_text(row.shape)})"
+            if group not in best or row.ms < best[group][0]:
+                best[group] = (row.ms, row.backend)
+    return {group: backend for group, (_, backend) in best.items()}
+
+
+def _fastest_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[FastestChange]:
+    before, after = _fastest(old), _fastest(new)
+    return [FastestChange(name, g, before[g], after[g]) for g in before if g in after and before[g] != after[g]]
+
+
+def _kernel_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[KernelChange]:
+    before = (old.get("peer_kernels") or {}).get("fla")
+    after = (new.get("peer_kernels") or {}).get("fla")
+    if before is None and after is None:
+        return []
+    old_text, new_text = peers.kernel_text(before), peers.kernel_text(after)
+    return [KernelChange(name, "fla", old_text, new_text)] if old_text != new_text else []
 
 
 def _violations(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -236,6 +288,8 @@ def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[st
         diff.status_changes.append(StatusChange(name, old.get("status"), new.get("status")))
     diff.version_changes += _version_changes(name, old, new)
     diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
+    diff.fastest_changes += _fastest_changes(name, old, new)
+    diff.kernel_changes += _kernel_changes(name, old, new)
 
 
 def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
@@ -251,6 +305,19 @@ def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
     found += [
         f"{s.cell}: {s.label} slowed {s.ratio:.0%} ({s.old_ms:.3g} ms → {s.new_ms:.3g} ms)" for s in diff.slowdowns
     ]
+    for change in diff.kernel_changes:
+        # a peer's kernel change is news; it regresses only with a slowdown or a resolution loss beside it
+        change.with_ = [f"{s.label} slowed {s.ratio:.0%}" for s in diff.slowdowns if s.cell == change.cell]
+        change.with_ += [
+            f"{c.op} on {c.device} moved from {c.old_text} to {c.new_text}"
+            for c in diff.backend_changes
+            if c.cell == change.cell and _is_backend_regression(c, route_changes_regress)
+        ]
+        if change.with_:
+            found.append(
+                f"{change.cell}: {change.peer}'s kernel changed ({change.old} → {change.new}) with "
+                + "; ".join(change.with_)
+            )
     return found
 
 
@@ -306,6 +373,14 @@ def render_markdown(diff: ReportDiff) -> str:
         "Backend resolution",
         md_table(["cell", "op", "device", "old", "new", "change", "why"], backend_rows) if backend_rows else [],
     )
+    kernel_rows = [
+        [k.cell, k.peer, k.old, k.new, "; ".join(k.with_) or "no slowdown, no resolution loss"]
+        for k in diff.kernel_changes
+    ]
+    lines += _section(
+        "Peer kernels (what the peer itself runs)",
+        md_table(["cell", "peer", "old", "new", "came with"], kernel_rows) if kernel_rows else [],
+    )
     lines += _section(
         "Newly failing tests",
         _bullets([f"{t.cell}: `{t.test}` ({t.outcome}) {(t.message or '')[:200]}" for t in diff.newly_failing]),
@@ -327,6 +402,10 @@ def render_markdown(diff: ReportDiff) -> str:
     lines += _section(
         f"Slower by more than {diff.threshold:.0%}",
         md_table(["cell", "benchmark", "old ms", "new ms", "change"], slow_rows) if slow_rows else [],
+    )
+    lines += _section(
+        "Fastest backend",
+        _bullets([f"{f.cell}: fastest at {f.group}: {f.old} -> {f.new}" for f in diff.fastest_changes]),
     )
     return "\n".join(lines).rstrip() + "\n"
 

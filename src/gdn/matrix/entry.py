@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
     if args.bench:
-        bench_cmd = [sys.executable, "-m", "bench.eager", "--matrix-out", str(args.out / "bench.json")]
+        bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
         steps.append(
             _step(
                 "bench",

@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gdn.matrix import peers, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.results import (
     FAMILY_MARKERS,
@@ -157,7 +158,9 @@ def bench_rows(bench: Any, problems: list[str]) -> list[dict[str, Any]] | None:
     if not isinstance(rows, list):
         problems.append("bench.json has no 'rows' list")
         return None
-    return [row for row in rows if isinstance(row, dict)]
+    rows = [row for row in rows if isinstance(row, dict)]
+    problems += speed.row_problems(rows)
+    return rows
 
 
 def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
@@ -235,6 +238,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
         "families": family_counts(results.tests),
         "failures": failures(results.tests),
         "bench": bench,
+        "peer_kernels": {"fla": peers.fla_kernel(results.manifest)},
     }
     entry["expectations"] = expectations(cell, entry)
     entry["problems"] = problems
@@ -482,8 +486,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     for section in (
         _md_summary,
         _md_resolution,
+        peers.markdown,
         _md_families,
         _md_versions,
+        speed.markdown,
         _md_not_run,
         _md_notes,
         _md_failures,
@@ -505,7 +511,8 @@ def _shape_text(shape: Any) -> str:
 
 
 def bench_label(row: dict[str, Any]) -> str:
-    parts = [str(row.get("op", "?")), str(row.get("impl", "?")), _shape_text(row.get("shape"))]
+    backend = row.get("backend") or row.get("impl", "?")
+    parts = [str(row.get("op", "?")), str(backend), _shape_text(row.get("shape")), str(row.get("pass") or "")]
     return " · ".join(p for p in parts if p)
 
 
@@ -570,8 +577,9 @@ def render_html(report: dict[str, Any]) -> str:
 
     source = resources.files("gdn.matrix").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
     template = _html_environment().from_string(source)
-    # built from escaped parts in bench_svg, so it is marked safe here and nowhere else
+    # built from escaped parts in bench_svg and speed.html, so they are marked safe here and nowhere else
     plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := bench_svg(c.get("bench")))}
+    speed_tables = {c["name"]: Markup(table) for c in report["cells"] if (table := speed.html(c))}
     counts: dict[str, int] = {}
     for cell in report["cells"]:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
@@ -580,6 +588,7 @@ def render_html(report: dict[str, Any]) -> str:
         families=report_families(report),
         version_columns=version_columns(report),
         plots=plots,
+        speed_tables=speed_tables,
         status_counts=counts,
         failures_shown=HTML_FAILURES_SHOWN,
     )

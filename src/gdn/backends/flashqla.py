@@ -1,0 +1,141 @@
+"""The `flashqla` backend: an adapter for FlashQLA (import package `flash_qla`, distribution flash-qla;
+Qwen's fused TileLang GDN prefill kernels), a peer under test and never a requirement.
+
+It serves the chunk op on CUDA GPUs, after `triton` and `fla` in auto: our own kernel times about the
+same at (1, 8192) and needs no per-shape JIT (FlashQLA's first fwd+bwd of a new shape compiles for
+minutes), FlashQLA covers one op in half precision at K = V = 128 only, and fla already hands its chunk
+op to FlashQLA whenever both are installed. Route: "flashqla:<version>".
+
+FlashQLA takes our layout as is (q, k [B, T, H, K], v [B, T, HV, V] with grouped value heads, states
+[N, HV, K, V] of any float dtype, varlen through cu_seqlens with B = 1, q/k l2norm in its kernel,
+scale). It imports only on SM90, SM100/103 and SM120/121 (its import raises elsewhere, which makes the
+backend unavailable with that reason). A call it cannot take (q/k/v not all bf16 or all fp16, K or V
+not 128) is refused per call: the call runs eager and the reason is logged once and counted in
+`refusals()`; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+import torch
+
+from gdn._validate import GdnShapes
+from gdn.backends.base import Backend, OpTable
+from gdn.resolve import STRICT_ENV, GdnBackendError, strict
+
+NAME = "flashqla"
+OP = "chunk_gated_delta_rule"
+HEAD_DIM = 128
+DTYPES = (torch.bfloat16, torch.float16)
+# The probe feeds bf16 inputs (the only precision FlashQLA takes besides fp16), so its error against
+# eager on the same bf16 inputs is bf16 rounding at the kernel's inputs and outputs and between its
+# fused stages (fla's Triton path measures 5e-3 on the H200 the same way); a wrong term costs O(1).
+PROBE_TOLERANCE = {OP: 2e-2}
+
+log = logging.getLogger("gdn")
+_lock = threading.Lock()
+_refused: Counter[str] = Counter()
+
+
+def _version() -> str:
+    import flash_qla
+
+    return getattr(flash_qla, "__version__", "unknown")
+
+
+def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes: GdnShapes) -> str | None:
+    """Why FlashQLA cannot take this (validated) call, or None."""
+    if q.dtype not in DTYPES or not q.dtype == k.dtype == v.dtype:
+        return f"FlashQLA takes q, k, v all bfloat16 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}"
+    if shapes.K != HEAD_DIM or shapes.V != HEAD_DIM:
+        return f"FlashQLA takes K = V = {HEAD_DIM} only, got K = {shapes.K}, V = {shapes.V}"
+    return None
+
+
+def refusals() -> dict[str, int]:
+    """The reasons calls were refused in this process, with how many calls each."""
+    with _lock:
+        return dict(_refused)
+
+
+def _refuse(reason: str) -> None:
+    if strict():
+        raise GdnBackendError(f"gdn: {OP}: backend '{NAME}' refused the call ({reason}) and {STRICT_ENV}=1")
+    with _lock:
+        first = reason not in _refused
+        _refused[reason] += 1
+    if first:
+        log.warning(f"gdn: {OP}: {NAME} refused a call ({reason}); such calls run eager")
+
+
+def _load() -> OpTable:
+    import flash_qla
+
+    from gdn.backends.eager import EAGER
+
+    def chunk_gated_delta_rule(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        *,
+        shapes: GdnShapes,
+        scale: float,
+        initial_state: torch.Tensor | None,
+        output_final_state: bool,
+        cu_seqlens: torch.Tensor | None,
+        use_qk_l2norm_in_kernel: bool,
+    ):
+        contract = dict(
+            shapes=shapes,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        )
+        reason = refusal(q, k, v, shapes)
+        if reason is not None:
+            _refuse(reason)
+            return EAGER.ops[OP](q, k, v, g, beta, **contract)
+        return flash_qla.chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            scale=scale,
+            initial_state=initial_state,
+            output_final_state=output_final_state,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            # FlashQLA declares LongTensor; our contract also admits int32.
+            cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+        )
+
+    return {OP: chunk_gated_delta_rule}
+
+
+class FlashQLABackend(Backend):
+    def why_op_unavailable(self, op: str) -> str | None:
+        return f"FlashQLA has chunked prefill kernels only (no {op})"
+
+
+def _route(op: str) -> str:
+    return f"{NAME}:{_version()}"
+
+
+def make_backend() -> Backend:
+    return FlashQLABackend(
+        name=NAME,
+        loader=_load,
+        devices=("cuda",),
+        auto_rank={"cuda": 2},
+        route=_route,
+        probe_tolerance=PROBE_TOLERANCE,
+        probe_dtype=torch.bfloat16,
+        probe_head_dims=(HEAD_DIM, HEAD_DIM),
+    )

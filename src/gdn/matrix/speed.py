@@ -1,0 +1,89 @@
+"""The per-cell speed table of the report: every backend's time per (op, shape, pass), fastest first,
+with its ratio to the fastest, peak memory, what actually ran, and the reason where nothing was timed.
+Built from the typed rows of the cells' bench.json (gdn.matrix.bench_schema)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gdn.matrix.bench_schema import BenchRow, parse_rows, shape_text
+
+HEADER = ["op", "shape", "pass", "backend", "ran", "ms", "× fastest", "peak GiB", "first call s", "note"]
+
+
+def cell_rows(cell: dict[str, Any]) -> list[BenchRow]:
+    rows, _ = parse_rows(cell.get("bench"))
+    return rows
+
+
+def row_problems(rows: list[dict[str, Any]]) -> list[str]:
+    return parse_rows(rows)[1]
+
+
+def _order(row: BenchRow) -> tuple:
+    timed = row.ms is not None
+    return (row.op, shape_text(row.shape), row.pass_, not timed, row.ms if timed else 0.0, row.backend)
+
+
+def _num(value: float | None, digits: int) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: Iterable[BenchRow]) -> list[list[str]]:
+    """The table's rows as text, grouped by (op, shape, pass), fastest first, untimed rows last."""
+    out = []
+    for row in sorted(rows, key=_order):
+        fastest = row.ratio_to_fastest == 1.0
+        note = row.reason or row.note or ""
+        if row.reason and row.note:
+            note = f"{row.reason} ({row.note})"
+        elif row.ms is not None and row.note:
+            note = row.note
+        out.append(
+            [
+                row.op,
+                shape_text(row.shape),
+                row.pass_,
+                f"**{row.backend}**" if fastest else row.backend,
+                row.implementation or "—",
+                _num(row.ms, 3),
+                "—" if row.ratio_to_fastest is None else f"{row.ratio_to_fastest:.2f}×",
+                _num(row.peak_gib, 2),
+                _num(row.first_call_s, 1),
+                note,
+            ]
+        )
+    return out
+
+
+def markdown(report: dict[str, Any]) -> list[str]:
+    """The '## Speed' section: one table per cell that has typed bench rows."""
+    from gdn.matrix.report import md_table
+
+    lines: list[str] = []
+    for cell in report["cells"]:
+        rows = cell_rows(cell)
+        if rows:
+            lines += [f"### {cell['name']}", "", *md_table(HEADER, table(rows))]
+    if not lines:
+        return []
+    legend = "Fastest of each (op, shape, pass) in bold; × fastest is the time over the fastest's."
+    return ["## Speed", "", legend, "", *lines]
+
+
+def html(cell: dict[str, Any]) -> str | None:
+    """The cell's speed table as an HTML table built from escaped parts (None without rows)."""
+    from markupsafe import escape
+
+    rows = cell_rows(cell)
+    if not rows:
+        return None
+    parts = ['<table class="speed">', "<tr>" + "".join(f"<th>{escape(h)}</th>" for h in HEADER) + "</tr>"]
+    for cells in table(rows):
+        fastest = cells[3].startswith("**")
+        cells[3] = cells[3].strip("*")
+        attrs = ' class="fastest"' if fastest else ""
+        parts.append(f"<tr{attrs}>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + "</tr>")
+    parts.append("</table>")
+    return "".join(parts)

@@ -1,0 +1,99 @@
+"""The manifest's fla section reads fla's own dispatch: which backend its chunk op takes, whether its
+Hopper guard blocks the gated backward, whether fla imports at all, and the versions beside it.
+
+fla's registry needs fla, and FlashQLA needs a Hopper/Blackwell GPU, so each state is driven by the
+labelled STAND-INS under tests/peer_standins (fla 0.6.0's registry rules on a simulated H200 with
+Triton 3.6), each put on sys.path of a subprocess that collects the section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.probe
+
+STANDINS = Path(__file__).parent / "peer_standins"
+SRC = Path(__file__).parents[1] / "src"
+COLLECT = (
+    "import json; from gdn.probe import fla_section, _fla_text; s = fla_section(); print(json.dumps([s, _fla_text(s)]))"
+)
+
+
+def fla_section(*sites: str, **env: str) -> tuple[dict, str]:
+    path = os.pathsep.join([*(str(STANDINS / site) for site in sites), str(SRC)])
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FLA_")}
+    out = subprocess.run(
+        [sys.executable, "-c", COLLECT],
+        env={**clean, "PYTHONPATH": path, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    section, text = json.loads(out.stdout)
+    return section, text
+
+
+def test_flashqla_installed_takes_flas_chunk_op():
+    section, text = fla_section("fla_registry", "flashqla_site")
+    assert section["stand_in"] == "fla 0.6.0 registry (manifest test)"
+    assert section["import"]["ok"] is True
+    assert section["peer_packages"] == {
+        "flash-qla": "0.1.3",
+        "tilelang": "0.1.15",
+        "z3-solver": "4.15.4.0",
+        "apache-tvm-ffi": None,
+    }
+    assert section["flash_qla_import"] == {"ok": True, "version": "0.1.3"}
+    chunk = section["dispatch"]["chunk"]
+    assert chunk["chosen"] == "flash_qla"
+    [candidate] = chunk["candidates"]
+    assert candidate["backend"] == "flash_qla" and candidate["priority"] == 3
+    assert candidate["env_var"] == "FLA_FLASH_QLA" and candidate["default_enable"] is True
+    assert candidate["available"] and candidate["enabled"] and candidate["accepted"]
+    guard = section["dispatch"]["hopper_guard"]
+    assert guard["applies"] is True and guard["blocks_gated_backward"] is False
+    assert "flash_qla" in guard["detail"]
+    assert "chunk -> flash_qla" in text and "[stand-in: fla 0.6.0 registry" in text
+
+
+def test_fla_flash_qla_0_sends_the_chunk_op_back_to_flas_triton():
+    section, text = fla_section("fla_registry", "flashqla_site", FLA_FLASH_QLA="0")
+    chunk = section["dispatch"]["chunk"]
+    assert chunk["chosen"] == "triton"
+    [candidate] = chunk["candidates"]
+    assert candidate["available"] is True and candidate["enabled"] is False and candidate["accepted"] is None
+    assert section["dispatch"]["env"] == {"FLA_FLASH_QLA": "0"}
+    # tilelang (with nvcc) takes the gated chunk_bwd_dqkwg, so the guard is not reached
+    guard = section["dispatch"]["hopper_guard"]
+    assert guard["dqkwg"]["chosen"] == "tilelang" and guard["blocks_gated_backward"] is False
+    assert "chunk -> triton" in text
+
+
+def test_fla_alone_on_hopper_is_blocked_by_its_guard():
+    section, text = fla_section("fla_registry")
+    assert section["peer_packages"]["flash-qla"] is None and section["flash_qla_import"] is None
+    assert section["dispatch"]["chunk"]["chosen"] == "triton"
+    [candidate] = section["dispatch"]["chunk"]["candidates"]
+    assert candidate["available"] is False  # flash_qla is not found
+    guard = section["dispatch"]["hopper_guard"]
+    assert guard["dqkwg"]["chosen"] == "triton" and guard["blocks_gated_backward"] is True
+    assert "Hopper guard blocks the gated backward" in text
+
+
+def test_tilelang_without_z3_breaks_import_fla_and_says_why():
+    section, text = fla_section("fla_registry", "tilelang_no_z3")
+    assert section["import"] == {
+        "ok": False,
+        "error": "OSError: libz3.so: cannot open shared object file: No such file or directory",
+    }
+    assert section["distribution"] == {"name": "fla-core", "version": "0.6.0"}
+    assert section["peer_packages"]["tilelang"] == "0.1.15" and section["peer_packages"]["z3-solver"] is None
+    assert "dispatch" not in section
+    assert "import failed: OSError: libz3.so" in text

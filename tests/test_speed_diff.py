@@ -1,0 +1,160 @@
+"""The report's speed table and peer-kernel lines, and what `gdn-matrix diff` says about them: a
+slowdown per (op, backend, shape, pass), the fastest backend's change per (op, shape, pass), and a
+change of the kernel fla itself runs (a regression only with a slowdown or a resolution loss)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from gdn.matrix import diff as diff_mod
+from gdn.matrix import speed
+from gdn.matrix.report import render_html, render_markdown
+from gdn.matrix.results import write_json
+
+pytestmark = pytest.mark.tooling
+
+CHUNK = "chunk_gated_delta_rule"
+BIG = {"B": 4, "T": 4096, "H": 16, "HV": 32, "K": 128, "V": 128}
+GROUP = "chunk_gated_delta_rule fwd+bwd (B=4 T=4096 H=16 HV=32 K=V=128)"
+
+
+def row(backend: str, ms: float | None, *, impl: str | None = None, reason: str | None = None, fastest: float = 1.0):
+    return {
+        "op": CHUNK,
+        "backend": backend,
+        "shape": BIG,
+        "pass": "fwd+bwd",
+        "implementation": impl or (None if ms is None else backend),
+        "ms": ms,
+        "peak_gib": None if ms is None else 1.5,
+        "ratio_to_fastest": None if ms is None else round(ms / fastest, 3),
+        "first_call_s": None,
+        "reason": reason,
+        "note": None,
+    }
+
+
+def fla(chunk: str) -> dict[str, Any]:
+    return {
+        "version": "0.6.0",
+        "import_error": None,
+        "chunk": chunk,
+        "hopper_guard_blocks": False,
+        "peer_packages": {"flash-qla": "0.1.3"} if chunk == "flash_qla" else {},
+        "stand_in": None,
+    }
+
+
+def cell(bench: list[dict[str, Any]], kernel: str, backend: str = "triton") -> dict[str, Any]:
+    return {
+        "name": "cuda-h200",
+        "status": "passed",
+        "reason": None,
+        "device": "cuda",
+        "runtime": "host",
+        "real_hardware": True,
+        "stand_ins": [],
+        "duration_s": 200.0,
+        "image": None,
+        "image_built": None,
+        "exit_code": 0,
+        "log_tail": None,
+        "versions": {"torch": "2.11.0"},
+        "resolution": {CHUNK: {"cuda": {"backend": backend, "route": f"{backend}:x", "rejected": []}}},
+        "families": {},
+        "failures": [],
+        "bench": bench,
+        "peer_kernels": {"fla": fla(kernel)},
+        "expectations": [],
+        "problems": [],
+    }
+
+
+def report(*cells: dict[str, Any]) -> dict[str, Any]:
+    return {"schema": 1, "generated_at": "2026-12-01T00:00:00+00:00", "ops": [CHUNK], "cells": list(cells)}
+
+
+OLD_BENCH = [
+    row("triton", 3.71, fastest=3.71),
+    row("fla", 4.24, impl="fla:0.6.0 -> triton", fastest=3.71),
+    row("flashqla", None, reason="ModuleNotFoundError: No module named 'flash_qla'"),
+]
+NEW_BENCH = [
+    row("triton", 3.72, fastest=1.89),
+    row("fla", 1.91, impl="fla:0.6.0 -> flash_qla", fastest=1.89),
+    row("flashqla", 1.89, impl="flashqla:0.1.3", fastest=1.89),
+]
+
+
+def test_speed_table_is_fastest_first_with_ratios_and_reasons():
+    text = "\n".join(speed.markdown(report(cell(OLD_BENCH, "triton"))))
+    lines = [line for line in text.splitlines() if line.startswith(f"| {CHUNK}")]
+    assert lines == [
+        f"| {CHUNK} | B=4 T=4096 H=16 HV=32 K=V=128 | fwd+bwd | **triton** | triton | 3.710 | 1.00× | 1.50 | — | — |",
+        f"| {CHUNK} | B=4 T=4096 H=16 HV=32 K=V=128 | fwd+bwd | fla | fla:0.6.0 -> triton | 4.240 | 1.14× | 1.50 | — "
+        "| — |",
+        f"| {CHUNK} | B=4 T=4096 H=16 HV=32 K=V=128 | fwd+bwd | flashqla | — | — | — | — | — | "
+        "ModuleNotFoundError: No module named 'flash_qla' |",
+    ]
+
+
+def test_report_shows_speed_and_peer_kernels_in_md_and_html():
+    rendered = report(cell(NEW_BENCH, "flash_qla"))
+    markdown = render_markdown(rendered)
+    assert "## Speed" in markdown and "## Peer kernels" in markdown
+    assert "| cuda-h200 | fla 0.6.0 | chunk -> flash_qla | flash-qla 0.1.3 |" in markdown
+    html = render_html(rendered)
+    assert '<table class="speed">' in html
+    assert '<tr class="fastest"><td>chunk_gated_delta_rule</td>' in html
+    assert "<td>flashqla</td><td>flashqla:0.1.3</td><td>1.890</td><td>1.00×</td>" in html
+
+
+def test_bench_rows_that_do_not_validate_are_problems():
+    bad = [{**row("triton", 1.0), "pass": "sideways"}]
+    assert speed.row_problems(bad)[0].startswith("bench.json row #0 is not a bench row")
+    assert speed.cell_rows({"bench": bad}) == []
+
+
+def test_kernel_change_without_slowdown_is_reported_and_not_a_regression(tmp_path, capsys):
+    old, new = report(cell(OLD_BENCH, "triton")), report(cell(NEW_BENCH, "flash_qla"))
+    diff = diff_mod.diff_reports(old, new)
+    assert diff.regressions == []
+    [change] = diff.kernel_changes
+    assert (change.peer, change.old, change.new, change.with_) == ("fla", "chunk -> triton", "chunk -> flash_qla", [])
+    markdown = diff.to_markdown()
+    assert "| cuda-h200 | fla | chunk -> triton | chunk -> flash_qla | no slowdown, no resolution loss |" in markdown
+    assert f"- cuda-h200: fastest at {GROUP}: triton -> flashqla" in markdown
+    old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
+    write_json(old_path, old)
+    write_json(new_path, new)
+    assert diff_mod.main([str(old_path), str(new_path)]) == 0
+    assert "fastest at" in capsys.readouterr().out
+
+
+def test_kernel_change_with_a_slowdown_is_a_regression():
+    slower = copy.deepcopy(OLD_BENCH)
+    slower[1]["ms"] = 5.0  # fla went from 4.24 to 5.0 ms (+18%) when its kernel changed
+    diff = diff_mod.diff_reports(report(cell(OLD_BENCH, "flash_qla")), report(cell(slower, "triton")))
+    label = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd"
+    assert diff.regressions == [
+        f"cuda-h200: {label} slowed 18% (4.24 ms → 5 ms)",
+        f"cuda-h200: fla's kernel changed (chunk -> flash_qla → chunk -> triton) with {label} slowed 18%",
+    ]
+
+
+def test_kernel_change_with_a_resolution_loss_is_a_regression():
+    diff = diff_mod.diff_reports(
+        report(cell(OLD_BENCH, "triton")), report(cell(OLD_BENCH, "flash_qla", backend="eager"))
+    )
+    assert any("fla's kernel changed" in r and "moved from triton:x to eager:x" in r for r in diff.regressions)
+
+
+def test_slowdowns_are_per_pass():
+    fwd = {**row("triton", 1.0), "pass": "fwd"}
+    old = report(cell([fwd, row("triton", 3.0)], "triton"))
+    new = report(cell([{**fwd, "ms": 1.5}, row("triton", 3.0)], "triton"))
+    [slow] = diff_mod.diff_reports(old, new).slowdowns
+    assert slow.label.endswith("· fwd") and slow.ratio == pytest.approx(0.5)
