@@ -1,6 +1,6 @@
 # /// script
 # dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "rich>=13", "jinja2>=3.1", "junitparser>=3.1",
-#                 "docker>=7"]
+#                 "docker>=7", "uv>=0.13"]
 # ///
 """nox sessions.
 
