@@ -400,6 +400,18 @@ def read_lock(path: Path) -> Lock:
     )
 
 
+def lock_summary(matrix: Matrix, cell: Cell, root: Path) -> dict[str, object] | None:
+    """The cell's lock as its cell.json and report entry carry it; None for a cell without a readable
+    lock (the image build says why when it needs one)."""
+    path = lock_path(matrix, cell, root)
+    if not cell.locked or not path.is_file():
+        return None
+    try:
+        return read_lock(path).summary()
+    except LockError:
+        return None
+
+
 def lock_cell(matrix: Matrix, cell: Cell, root: Path, index_args: Sequence[str] = ()) -> Path:
     """Resolve the cell and write its lock; returns the lock's path."""
     inputs = lock_inputs(cell, root)
