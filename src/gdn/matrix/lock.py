@@ -508,7 +508,7 @@ def run(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     index_args = _index_args(args)
     try:
-        matrix = load_matrix(args.matrix if args.matrix is not None else None)
+        matrix = load_matrix(args.matrix)
         cells = _selected(matrix, args.cells)
     except MatrixConfigError as exc:
         print(f"gdn-matrix lock: {exc}", file=sys.stderr)
@@ -532,3 +532,13 @@ def run(args: argparse.Namespace) -> int:
             print(f"gdn-matrix lock: {exc}", file=sys.stderr)
             return 2
     return 1 if failed else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gdn-matrix lock", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
