@@ -1,6 +1,6 @@
 # /// script
 # dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "rich>=13", "jinja2>=3.1", "junitparser>=3.1",
-#                 "docker>=7"]
+#                 "docker>=7", "uv>=0.13", "packaging>=23"]
 # ///
 """nox sessions.
 
@@ -10,6 +10,8 @@
   their image and run in it. A cell that cannot run here is recorded as not run, with the reason, and
   the session is skipped. Every cell session refreshes the report under results/report/.
 - `report`: rebuild results/report/ from results/; `diff`: compare two report.json files.
+- `lock`: refresh the cells' lock files (`nox -s lock -- [CELL ...]`); `nox -s lock -- --check`
+  proves every pin exists for its platform and every lock still fits its cell (what CI runs).
 
 The block above makes nox install what the matrix code needs to read matrix.yaml before it defines
 the sessions. CPU environments install torch through constraints/cpu.txt so that no multi-GB CUDA
@@ -142,6 +144,16 @@ for _cell in MATRIX.cells:
 def report(session: nox.Session) -> None:
     """Rebuild results/report/ (report.json, report.md, report.html) from results/."""
     refresh_report(session)
+
+
+@nox.session(python=False)
+def lock(session: nox.Session) -> None:
+    """Refresh locks/<cell>.txt: `nox -s lock [-- CELL ...]`; check pins and locks: `nox -s lock -- --check`."""
+    from gdn.matrix.lock import main as lock_main
+
+    code = lock_main(["--root", str(ROOT), "--matrix", str(ROOT / "matrix.yaml"), *session.posargs])
+    if code:
+        session.error(f"gdn-matrix lock exited with {code}")
 
 
 @nox.session(python=False)

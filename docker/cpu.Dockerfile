@@ -1,13 +1,10 @@
-# The `cpu` cell: Debian bookworm (a local debootstrap image, docker/make-base-image.sh), torch CPU
-# from the wheelhouse, Triton (its kernels run under TRITON_INTERPRET=1), transformers and the pinned
-# test tools. The source is not copied: it is mounted read-only at /src when the cell runs.
+# The `cpu` cell: Debian bookworm (a local debootstrap image, docker/make-base-image.sh) and the cell's
+# lock: torch CPU from the wheelhouse, Triton (its kernels run under TRITON_INTERPRET=1), transformers
+# and the test tools. The source is not copied: it is mounted read-only at /src when the cell runs.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION
-ARG TORCH_VERSION
-ARG TRITON_VERSION
-ARG TRANSFORMERS_VERSION
 # Index settings for air-gapped sites (images.py passes them when set in the environment).
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
@@ -24,22 +21,20 @@ ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH}
 
-# A venv, since Debian's Python is externally managed (PEP 668); the base must carry the cell's Python.
+# A venv, since Debian's Python is externally managed (PEP 668); the base must carry the cell's Python
+# (the version reaches the check through the environment, never spliced into its code).
 # The non-root user has a fixed uid so that the host can make the results mount writable for it.
-RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${PYTHON_VERSION}' else f'base image has Python {v}, the cell wants ${PYTHON_VERSION}')" \
+RUN python3 -c "import os, sys; v, w = '%d.%d' % sys.version_info[:2], os.environ['PYTHON_VERSION']; sys.exit(None if v == w else f'base image has Python {v}, the cell wants {w}')" \
     && python3 -m venv /opt/venv \
     && groupadd --gid 10001 gdn \
     && useradd --create-home --no-log-init --uid 10001 --gid 10001 --shell /bin/bash gdn
 
 COPY wheelhouse/ /wheelhouse/
-COPY requirements-test.txt /etc/gdn-matrix/requirements-test.txt
-# The wheelhouse's torch+cpu outranks the index's CUDA build of the same version (PEP 440 local label).
-# The checks fail the build, not the cell, when pip resolved anything but the cell's versions.
-RUN pip install --no-cache-dir --progress-bar off --find-links /wheelhouse \
-        "torch==${TORCH_VERSION}" "triton==${TRITON_VERSION}" "transformers==${TRANSFORMERS_VERSION}" \
-        -r /etc/gdn-matrix/requirements-test.txt \
-    && python -c "import sys; from importlib.metadata import version; a = sys.argv[1:]; bad = {p: version(p) for p, w in zip(a[::2], a[1::2]) if version(p).split('+')[0] != w}; sys.exit(f'installed versions differ from the cell: {bad}' if bad else None)" \
-        torch "${TORCH_VERSION}" triton "${TRITON_VERSION}" transformers "${TRANSFORMERS_VERSION}" \
+COPY lock.txt /etc/gdn-matrix/lock.txt
+# Exactly the lock, every file checked against its recorded hash and nothing resolved here: the lock
+# holds the whole dependency closure for this platform. torch+cpu is found in the wheelhouse.
+RUN pip install --no-cache-dir --progress-bar off --require-hashes --no-deps --find-links /wheelhouse \
+        -r /etc/gdn-matrix/lock.txt \
     && python -c "import sys, torch; sys.exit(None if torch.version.cuda is None else f'torch {torch.__version__} is a CUDA build')"
 
 USER 10001:10001

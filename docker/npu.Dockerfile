@@ -1,17 +1,12 @@
-# The Ascend NPU cells: a CANN image (quay.io/ascend/cann, chosen per cell), torch + torch_npu +
-# triton-ascend at the versions the Ascend/pytorch table pairs with that CANN, the cell's fla_npu
-# wheel from the wheelhouse (on no index), transformers and the pinned test tools.
+# The Ascend NPU cells: a CANN image (quay.io/ascend/cann, chosen per cell) and the cell's lock: torch +
+# torch_npu + triton-ascend at the versions paired with that CANN, wheelhouse files (fla_npu, a
+# triton-ascend that is on no index) with their recorded hashes, transformers and the test tools.
 # The source is not copied: it is mounted read-only at /src when the cell runs.
 ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION
 ARG CANN_VERSION
-ARG TORCH_VERSION
-ARG TORCH_NPU_VERSION
-ARG TRITON_ASCEND_VERSION
-ARG FLA_NPU_VERSION
-ARG TRANSFORMERS_VERSION
 # Index settings for air-gapped sites (images.py passes them when set in the environment).
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
@@ -33,7 +28,7 @@ ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
 # set_env.sh moved between CANN generations: whichever this image has is linked to one known path.
 # The cell command starts `python`, which not every CANN image provides beside python3.
 # The non-root user has a fixed uid so that the host can make the results mount writable for it.
-RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if v == '${PYTHON_VERSION}' else f'base image has Python {v}, the cell wants ${PYTHON_VERSION}')" \
+RUN python3 -c "import os, sys; v, w = '%d.%d' % sys.version_info[:2], os.environ['PYTHON_VERSION']; sys.exit(None if v == w else f'base image has Python {v}, the cell wants {w}')" \
     && for env in /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/cann/set_env.sh; do \
         if [ -f "$env" ]; then ln -s "$env" /etc/cann-set_env.sh; break; fi; \
     done \
@@ -43,18 +38,12 @@ RUN python3 -c "import sys; v = '%d.%d' % sys.version_info[:2]; sys.exit(None if
     && useradd --create-home --no-log-init --uid 10001 --gid 10001 --shell /bin/bash gdn
 
 COPY wheelhouse/ /wheelhouse/
-COPY requirements-test.txt /etc/gdn-matrix/requirements-test.txt
-# torch from PyTorch's CPU index: torch_npu runs over the CPU build, and its local label outranks a
-# CUDA build of the same version on PyPI. fla_npu comes only from the wheelhouse. The check fails the
-# build, not the cell, when pip resolved anything but the cell's versions.
-RUN python3 -m pip install --no-cache-dir --progress-bar off --find-links /wheelhouse \
-        --extra-index-url https://download.pytorch.org/whl/cpu \
-        "torch==${TORCH_VERSION}" "torch-npu==${TORCH_NPU_VERSION}" "triton-ascend==${TRITON_ASCEND_VERSION}" \
-        "flash-linear-attention-npu==${FLA_NPU_VERSION}" "transformers==${TRANSFORMERS_VERSION}" \
-        -r /etc/gdn-matrix/requirements-test.txt \
-    && python3 -c "import sys; from importlib.metadata import version; a = sys.argv[1:]; bad = {p: version(p) for p, w in zip(a[::2], a[1::2]) if version(p).split('+')[0] != w}; sys.exit(f'installed versions differ from the cell: {bad}' if bad else None)" \
-        torch "${TORCH_VERSION}" torch-npu "${TORCH_NPU_VERSION}" triton-ascend "${TRITON_ASCEND_VERSION}" \
-        flash-linear-attention-npu "${FLA_NPU_VERSION}" transformers "${TRANSFORMERS_VERSION}"
+COPY lock.txt /etc/gdn-matrix/lock.txt
+# Exactly the lock, every file checked against its recorded hash and nothing resolved here. PyPI's
+# aarch64 torch is a CPU build (no CUDA wheels in the lock), which torch_npu runs over; the wheelhouse
+# files are hashed lines of the lock, found in /wheelhouse.
+RUN python3 -m pip install --no-cache-dir --progress-bar off --require-hashes --no-deps --find-links /wheelhouse \
+        -r /etc/gdn-matrix/lock.txt
 
 USER 10001:10001
 WORKDIR /home/gdn

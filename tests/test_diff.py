@@ -270,3 +270,34 @@ def test_skip_not_run_leaves_cells_a_fork_could_not_run_out_of_the_comparison():
     assert diff.not_compared == ["npu-2610"]
     assert diff.regressions == ["cpu: status passed → failed"]
     assert "### Not compared (not run in the new report)\n\n- npu-2610\n" in diff.to_markdown()
+
+
+def _lock(digest: str, **packages: str) -> dict[str, Any]:
+    return {"digest": digest, "packages": packages}
+
+
+def test_a_lock_change_is_listed_package_by_package_and_is_no_regression(tmp_path):
+    old_lock = _lock("sha256:aa", torch="2.11.0", bar="2.0", numpy="2.4.6")
+    new_lock = _lock("sha256:bb", torch="2.13.0", foo="1.0", numpy="2.4.6")
+    # through cell.json and the report, as a cell run leaves them
+    reports = []
+    for name, lock in (("old", old_lock), ("new", new_lock)):
+        directory = tmp_path / name / "cuda-triton36"
+        CellOutcome(cell="cuda-triton36", status="passed", device="cuda", runtime="docker", lock=lock).write(directory)
+        reports.append(build_report(tmp_path / name))
+    assert [r["cells"][0]["lock"] for r in reports] == [old_lock, new_lock]
+    diff = diff_mod.diff_reports(*reports)
+    assert diff.regressions == []
+    [change] = diff.lock_changes
+    expected = "cell cuda-triton36: lock changed: torch 2.11.0 -> 2.13.0, + foo 1.0, - bar 2.0"
+    assert change.text == expected
+    assert f"### Locks\n\n- {expected}\n" in diff.to_markdown()
+
+
+def test_same_lock_or_no_lock_is_no_change_and_other_hashes_are_named():
+    same = _cell("a", lock=_lock("sha256:aa", torch="2.11.0"))
+    assert diff_mod.diff_reports(_report(same), _report(copy.deepcopy(same))).lock_changes == []
+    assert diff_mod.diff_reports(_report(_cell("a")), _report(same)).lock_changes == []
+    rehashed = _cell("a", lock=_lock("sha256:bb", torch="2.11.0"))
+    [change] = diff_mod.diff_reports(_report(same), _report(rehashed)).lock_changes
+    assert change.text == ("cell a: lock changed: same versions, other files or hashes (sha256:aa -> sha256:bb)")

@@ -15,6 +15,7 @@ import pytest
 
 from gdn.matrix import images
 from gdn.matrix.config import load_matrix
+from gdn.matrix.lock import TEST_REQUIREMENTS
 
 pytestmark = pytest.mark.tooling
 
@@ -22,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 DOCKER_CELLS = [cell for cell in MATRIX.cells if cell.runtime == "docker"]
-CONTEXT = {"wheelhouse/", *images.context_files(ROOT)}
+CONTEXT = {"wheelhouse/", images.LOCK_IN_CONTEXT, *images.context_files(ROOT)}
 
 
 def hadolint() -> str:
@@ -77,7 +78,7 @@ def test_image_shape(dockerfile: Path) -> None:
 
 
 def test_test_tools_are_pinned() -> None:
-    lines = (ROOT / images.REQUIREMENTS).read_text().splitlines()
+    lines = (ROOT / TEST_REQUIREMENTS).read_text().splitlines()
     requirements = [line for line in lines if line.strip() and not line.startswith("#")]
     assert requirements
     assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[0-9][0-9A-Za-z.+!-]*", line) for line in requirements), requirements

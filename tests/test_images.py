@@ -19,7 +19,8 @@ pytestmark = pytest.mark.tooling
 # Cell images collect tests/ too (then deselect by marker) and carry no docker SDK.
 docker = pytest.importorskip("docker", reason="the docker SDK (the matrix extra) is not installed")
 
-WHEEL = "fla_npu-26.10.0-py3-none-any.whl"
+WHEEL = "flash_linear_attention_npu-26.10.0-py3-none-any.whl"
+LOCK_HEADER = "# cell: {cell}\n# platform: x86_64-manylinux_2_28\n# python: 3.11\n# uv: 0.13.9\n# inputs: sha256:0\n"
 
 
 def make_cell(device: str = "cpu", **changes: Any) -> Cell:
@@ -29,8 +30,9 @@ def make_cell(device: str = "cpu", **changes: Any) -> Cell:
         "runtime": "docker",
         "dockerfile": f"docker/{device}.Dockerfile",
         "base_image": "base:1",
-        "versions": Versions(python="3.11", torch="2.13.0"),
+        "versions": Versions(python="3.11", torch="2.13.0", fla_npu="26.10.0"),
         "wheels": (WHEEL,),
+        "wheelhouse_pins": ("fla_npu",),
         "timeout_s": 60,
     }
     return Cell(**{**fields, **changes})
@@ -38,13 +40,17 @@ def make_cell(device: str = "cpu", **changes: Any) -> Cell:
 
 @pytest.fixture
 def inputs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path]]:
-    """A Dockerfile and a wheel (the cell's files) and the other context files, all on disk."""
+    """A Dockerfile, a lock and a wheel (the cell's files) and the other context files, all on disk."""
     (tmp_path / "wheelhouse").mkdir()
-    files = {"dockerfile": tmp_path / "cpu.Dockerfile", "wheels[0]": tmp_path / "wheelhouse" / WHEEL}
+    files = {
+        "dockerfile": tmp_path / "cpu.Dockerfile",
+        "lock": tmp_path / "cpu-cell.txt",
+        "wheels[0]": tmp_path / "wheelhouse" / WHEEL,
+    }
     files["dockerfile"].write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n")
+    files["lock"].write_text(LOCK_HEADER.format(cell="cpu-cell") + "torch==2.13.0 \\\n    --hash=sha256:aa\n")
     files["wheels[0]"].write_bytes(b"wheel v1")
-    extras = {"requirements-test.txt": tmp_path / "requirements-test.txt", "ca-bundle.crt": tmp_path / "ca.crt"}
-    extras["requirements-test.txt"].write_text("pytest==9.2.0\n")
+    extras = {"ca-bundle.crt": tmp_path / "ca.crt"}
     extras["ca-bundle.crt"].write_text("-----BEGIN CERTIFICATE-----\n")
     return files, extras
 
@@ -69,7 +75,7 @@ def test_tag_is_a_stable_content_hash(inputs, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "change",
-    ["dockerfile", "version", "base_image", "wheel_content", "wheel_name", "requirements", "ca_bundle", "index_url"],
+    ["dockerfile", "lock", "python", "base_image", "wheel_content", "wheel_name", "ca_bundle", "index_url"],
 )
 def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monkeypatch, change: str) -> None:
     files, extras = inputs
@@ -77,8 +83,10 @@ def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monke
     before = images.image_tag(cell, files, extras)
     if change == "dockerfile":
         files["dockerfile"].write_text(files["dockerfile"].read_text() + "RUN true\n")
-    elif change == "version":
-        cell = make_cell(versions=Versions(python="3.11", torch="2.12.0"))
+    elif change == "lock":
+        files["lock"].write_text(files["lock"].read_text().replace("torch==2.13.0", "torch==2.12.0"))
+    elif change == "python":
+        cell = make_cell(versions=Versions(python="3.12", torch="2.13.0", fla_npu="26.10.0"))
     elif change == "base_image":
         cell = make_cell(base_image="base:2")
     elif change == "wheel_content":
@@ -87,8 +95,6 @@ def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monke
         renamed = files["wheels[0]"].with_name("fla_npu-26.10.1-py3-none-any.whl")
         files["wheels[0]"].rename(renamed)
         files["wheels[0]"] = renamed
-    elif change == "requirements":
-        extras["requirements-test.txt"].write_text("pytest==9.1.0\n")
     elif change == "ca_bundle":
         extras["ca-bundle.crt"].write_text("another CA\n")
     elif change == "index_url":
@@ -98,20 +104,18 @@ def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monke
 
 def test_index_settings_are_build_args_only_when_set(monkeypatch) -> None:
     monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
-    expected = {"BASE_IMAGE": "base:1", "PYTHON_VERSION": "3.11", "TORCH_VERSION": "2.13.0"}
+    # the packages reach the image through its lock, not as build args
+    expected = {"BASE_IMAGE": "base:1", "PYTHON_VERSION": "3.11"}
     assert images.build_args(make_cell()) == expected
     monkeypatch.setenv("PIP_TRUSTED_HOST", "mirror.example")
     assert images.build_args(make_cell())["PIP_TRUSTED_HOST"] == "mirror.example"
 
 
-def test_context_files_are_the_pins_and_the_host_ca_bundle(tmp_path: Path, monkeypatch) -> None:
+def test_context_files_are_the_host_ca_bundle(tmp_path: Path, monkeypatch) -> None:
     bundle = tmp_path / "proxy-ca.crt"
     bundle.write_text("ca")
     monkeypatch.setenv(images.CA_BUNDLE_ENV, str(bundle))
-    assert images.context_files(tmp_path) == {
-        "requirements-test.txt": tmp_path / "docker" / "requirements-test.txt",
-        "ca-bundle.crt": bundle,
-    }
+    assert images.context_files(tmp_path) == {"ca-bundle.crt": bundle}
 
 
 def fake_host(root: Path, cards: tuple[int, ...] = (0, 1), driver: bool = True) -> Path:
@@ -218,7 +222,14 @@ class FakeAPI:
 
     def build(self, **kwargs: Any):
         context = Path(kwargs["path"])
-        self.builds.append({**kwargs, "context": sorted(str(p.relative_to(context)) for p in context.rglob("*"))})
+        lock = context / images.LOCK_IN_CONTEXT
+        self.builds.append(
+            {
+                **kwargs,
+                "context": sorted(str(p.relative_to(context)) for p in context.rglob("*")),
+                "lock": lock.read_bytes() if lock.is_file() else None,
+            }
+        )
         yield from self.chunks
 
 
@@ -242,10 +253,23 @@ def test_build_streams_lines_from_a_context_of_only_the_cell_inputs(inputs, tmp_
     assert result.built and result.tag == images.image_tag(make_cell(), files, extras)
     assert lines == ["Step 1/2 : ARG BASE_IMAGE", "Step 2/2 : FROM base"]
     [build] = api.builds
-    context = ["Dockerfile", "ca-bundle.crt", "requirements-test.txt", "wheelhouse", f"wheelhouse/{WHEEL}"]
+    context = ["Dockerfile", "ca-bundle.crt", images.LOCK_IN_CONTEXT, "wheelhouse", f"wheelhouse/{WHEEL}"]
     assert build["context"] == context
+    assert build["lock"] == files["lock"].read_bytes()
     assert (build["network_mode"], build["decode"], build["tag"]) == ("host", True, result.tag)
     assert build["buildargs"] == images.build_args(make_cell())
+
+
+def test_build_refuses_a_lock_without_a_wheelhouse_hash(inputs, tmp_path: Path, monkeypatch) -> None:
+    files, extras = inputs
+    absent = f"# wheelhouse: {WHEEL} hash not recorded: file absent when locked\n"
+    files["lock"].write_text(LOCK_HEADER.format(cell="cpu-cell") + absent)
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}])
+    expected = rf"cell cpu-cell: .*records no hash for the wheelhouse file\(s\) {WHEEL}.*gdn-matrix lock cpu-cell"
+    with pytest.raises(images.ImageBuildError, match=expected):
+        images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
+    assert api.builds == []
 
 
 def test_build_is_skipped_when_the_tag_exists(inputs, tmp_path: Path, monkeypatch) -> None:

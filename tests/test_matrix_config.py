@@ -31,13 +31,10 @@ def test_shipped_matrix_has_the_required_cells():
         assert cells[name].wheels, "fla_npu wheels are files, not on an index"
 
 
-def test_build_args_come_from_versions():
+def test_build_args_describe_the_base_image_and_packages_come_from_the_lock():
     cell = load_matrix(ROOT / "matrix.yaml").cell("npu-2610")
-    args = cell.build_args
-    assert args["BASE_IMAGE"] == cell.base_image
-    assert args["FLA_NPU_VERSION"] == cell.versions.fla_npu
-    assert args["TRITON_ASCEND_VERSION"] == cell.versions.triton_ascend
-    assert "CUDA_VERSION" not in args
+    expected = {"BASE_IMAGE": cell.base_image, "PYTHON_VERSION": cell.versions.python, "CANN_VERSION": "9.1.0"}
+    assert cell.build_args == expected
 
 
 def mutated(edit) -> dict:
@@ -71,6 +68,26 @@ def cell_named(raw: dict, name: str) -> dict:
         (lambda r: cell_named(r, "cpu").update(name="CPU cell"), r"cell 'CPU cell': key 'name'"),
         (lambda r: r.pop("schema"), r"key 'schema': missing field"),
         (lambda r: r.update(extra=1), r"key 'extra': unknown key"),
+        (
+            lambda r: cell_named(r, "npu-266").update(wheelhouse_pins=["fla_npu", "torch_npu"]),
+            r"cell 'npu-266'.*wheelhouse_pins: 'torch_npu' has no wheel file in `wheels`",
+        ),
+        (
+            lambda r: cell_named(r, "npu-266").update(wheelhouse_pins=["cann"]),
+            r"cell 'npu-266'.*wheelhouse_pins: 'cann' is not a package version this cell pins",
+        ),
+        (
+            lambda r: cell_named(r, "npu-266")["versions"].update(fla_npu="26.6.1"),
+            r"cell 'npu-266'.*wheels: 'flash_linear_attention_npu-26.6.0-.*' is .*, the cell pins fla_npu 26.6.1",
+        ),
+        (
+            lambda r: cell_named(r, "cpu").update(wheels=["numpy-2.0.0-py3-none-any.whl"]),
+            r"cell 'cpu'.*wheels: 'numpy-2.0.0-py3-none-any.whl' is numpy 2.0.0, which the cell's versions do not pin",
+        ),
+        (
+            lambda r: cell_named(r, "cpu").update(wheels=["torch.zip"]),
+            r"cell 'cpu'.*wheels: 'torch.zip' is not a wheel file name",
+        ),
     ],
 )
 def test_malformed_matrix_names_cell_and_key(edit, message):

@@ -66,7 +66,6 @@ def source_tree(tmp_path: Path) -> Path:
     root = tmp_path / "src"
     (root / "docker").mkdir(parents=True)
     (root / "tests").mkdir()
-    (root / "docker" / "requirements-test.txt").write_text("")  # part of every image's build context
     for name, text in DOCKERFILES.items():
         (root / "docker" / f"{name}.Dockerfile").write_text(text)
     return root

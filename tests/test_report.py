@@ -328,6 +328,7 @@ def test_passed_cell(report):
         "image_built": None,
         "exit_code": 0,
         "log_tail": None,
+        "lock": None,
         "versions": CPU_VERSIONS,
         "resolution": CPU_RESOLUTION_MAP,
         "families": {
@@ -432,6 +433,7 @@ def test_not_run_cell(report):
         "image_built": None,
         "exit_code": None,
         "log_tail": None,
+        "lock": None,
         "versions": NO_VERSIONS,
         "resolution": {},
         "families": {},

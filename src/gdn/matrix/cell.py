@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, cell_files
+from gdn.matrix.lock import lock_summary
 from gdn.matrix.results import CellOutcome
 
 LOG_TAIL_LINES = 60
@@ -178,6 +179,7 @@ def run_cell(
     started = time.monotonic()
     log = CellLog(staging / "log.txt", echo)
     try:
+        outcome.lock = lock_summary(matrix, cell, root)
         absent = device_absent_reason(cell, host_root)
         if absent:
             outcome.status, outcome.reason = "not_run", absent

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
+from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gdn.op_names import OP_NAMES
@@ -19,6 +21,19 @@ from gdn.op_names import OP_NAMES
 FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
 DEVICE_KINDS = ("cpu", "cuda", "npu")
 MATRIX_ENV = "GDN_MATRIX"
+# The versions keys that are Python distributions, and their names on a package index; python, cann
+# and cuda describe the base image instead.
+DISTRIBUTIONS = {
+    "torch": "torch",
+    "torch_npu": "torch-npu",
+    "triton": "triton",
+    "triton_ascend": "triton-ascend",
+    "fla_npu": "flash-linear-attention-npu",
+    "fla": "fla-core",
+    "transformers": "transformers",
+}
+# Describe the base image; every package pin reaches the image through the cell's lock instead.
+BASE_IMAGE_KEYS = ("python", "cann", "cuda")
 WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
 
 Family = Literal["probe", "single_op", "shape_grid", "grpo"]
@@ -47,7 +62,15 @@ class Versions(_Strict):
     transformers: str | None = None
 
     def build_args(self) -> dict[str, str]:
-        return {f"{name.upper()}_VERSION": value for name, value in self.model_dump().items() if value is not None}
+        """What the Dockerfile checks its base image against (e.g. PYTHON_VERSION); the packages come
+        from the lock, which the image tag covers."""
+        values = self.model_dump()
+        return {f"{key.upper()}_VERSION": values[key] for key in BASE_IMAGE_KEYS if values[key] is not None}
+
+    def packages(self) -> dict[str, str]:
+        """{versions key: pinned version} for the keys that are distributions."""
+        values = self.model_dump()
+        return {key: values[key] for key in DISTRIBUTIONS if values[key] is not None}
 
 
 class Expectation(_Strict):
@@ -74,6 +97,9 @@ class Cell(_Strict):
     base_image: str | None = None
     versions: Versions = Versions()
     wheels: tuple[str, ...] = ()
+    # versions keys whose distribution is on no index: the pin is the wheel file in `wheels`, installed
+    # as is with its hash recorded in the lock (fla_npu; a triton-ascend that only vendors publish).
+    wheelhouse_pins: tuple[str, ...] = ()
     runner_labels: tuple[str, ...] = ()
     families: tuple[Family, ...] = FAMILIES
     expect: tuple[Expectation, ...] = ()
@@ -93,14 +119,51 @@ class Cell(_Strict):
             raise ValueError("families: at least one test family")
         return self
 
+    @model_validator(mode="after")
+    def _wheels_match_pins(self) -> Cell:
+        """Each wheel is the file of one pinned package, at its pinned version; each wheelhouse pin has
+        its wheel. A wheel that is not a wheelhouse pin is resolved from the wheelhouse with its
+        dependencies (torch+cpu)."""
+        pins = self.versions.packages()
+        by_distribution = {canonicalize_name(DISTRIBUTIONS[key]): key for key in pins}
+        for wheel in self.wheels:
+            try:
+                name, version, _, _ = parse_wheel_filename(wheel)
+            except InvalidWheelFilename as exc:
+                raise ValueError(f"wheels: {wheel!r} is not a wheel file name: {exc}") from None
+            key = by_distribution.get(name)
+            if key is None:
+                raise ValueError(f"wheels: {wheel!r} is {name} {version}, which the cell's versions do not pin")
+            if Version(version.public) != Version(pins[key]):
+                raise ValueError(f"wheels: {wheel!r} is {name} {version}, the cell pins {key} {pins[key]}")
+        for key in self.wheelhouse_pins:
+            if key not in pins:
+                raise ValueError(f"wheelhouse_pins: {key!r} is not a package version this cell pins")
+            if key not in self.wheel_keys().values():
+                raise ValueError(f"wheelhouse_pins: {key!r} has no wheel file in `wheels`")
+        return self
+
+    def wheel_keys(self) -> dict[str, str]:
+        """{wheel file: the versions key it provides}."""
+        by_distribution = {canonicalize_name(DISTRIBUTIONS[key]): key for key in self.versions.packages()}
+        return {wheel: by_distribution[parse_wheel_filename(wheel)[0]] for wheel in self.wheels}
+
     @property
     def build_args(self) -> dict[str, str]:
         return {"BASE_IMAGE": self.base_image or "", **self.versions.build_args()}
+
+    @property
+    def locked(self) -> bool:
+        """Whether the cell has a lock file: a cell that pins no package (the host `local` cell) runs
+        whatever its environment has."""
+        return bool(self.versions.packages())
 
 
 class Matrix(_Strict):
     schema_version: Literal[1] = Field(alias="schema")
     wheelhouse: str = "wheelhouse"
+    # Where the cells' lock files lie (locks/<cell>.txt), relative to the checkout.
+    locks: str = "locks"
     cells: tuple[Cell, ...]
 
     @field_validator("cells")
@@ -166,15 +229,22 @@ def wheelhouse_dir(matrix: Matrix, root: Path) -> Path:
     return Path(os.environ.get(WHEELHOUSE_ENV) or root / matrix.wheelhouse)
 
 
+def lock_path(matrix: Matrix, cell: Cell, root: Path) -> Path:
+    return root / matrix.locks / f"{cell.name}.txt"
+
+
 def cell_files(matrix: Matrix, cell: Cell, root: Path) -> dict[str, Path]:
     """The files a cell's image is built from, keyed by where they are named; each must exist."""
     files: dict[str, Path] = {}
     if cell.dockerfile:
         files["dockerfile"] = root / cell.dockerfile
+    if cell.locked:
+        files["lock"] = lock_path(matrix, cell, root)
     house = wheelhouse_dir(matrix, root)
     for i, wheel in enumerate(cell.wheels):
         files[f"wheels[{i}]"] = house / wheel
     for key, path in files.items():
         if not path.is_file():
-            raise MatrixConfigError(f"cell {cell.name!r}: key {key!r}: file {path} does not exist")
+            hint = f"; make it with `gdn-matrix lock {cell.name}`" if key == "lock" else ""
+            raise MatrixConfigError(f"cell {cell.name!r}: key {key!r}: file {path} does not exist{hint}")
     return files

@@ -1,9 +1,10 @@
 """Compare two matrix reports (report.json) and say what an upgrade changes: backend resolution per
-(cell, op, device), tests that newly fail or no longer fail, cell status, versions, cells added or
-removed, unmet expectations, benchmark slowdowns per (op, backend, shape, pass), the fastest backend
-of each (op, shape, pass), and the kernel each peer itself runs (fla's own dispatch). `gdn-matrix diff
-OLD NEW` prints Markdown and exits non-zero when anything is a regression, so it can gate a wheel upgrade
-in CI. A peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
+(cell, op, device), tests that newly fail or no longer fail, cell status, versions, lock changes
+package by package, cells added or removed, unmet expectations, benchmark slowdowns per (op, backend,
+shape, pass), the fastest backend of each (op, shape, pass), and the kernel each peer itself runs (fla's
+own dispatch). `gdn-matrix diff OLD NEW` prints Markdown and exits non-zero when anything is a
+regression, so it can gate a wheel upgrade in CI. A lock change is shown, never a regression by itself;
+a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
 """
 
 from __future__ import annotations
@@ -94,6 +95,26 @@ class VersionChange:
 
 
 @dataclass
+class LockChange:
+    """A cell's lock changed: informational, since what it changes is judged by the tests it runs."""
+
+    cell: str
+    old_digest: str
+    new_digest: str
+    changed: list[tuple[str, str, str]] = field(default_factory=list)
+    added: list[tuple[str, str]] = field(default_factory=list)
+    removed: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        parts = [f"{name} {old} -> {new}" for name, old, new in self.changed]
+        parts += [f"+ {name} {version}" for name, version in self.added]
+        parts += [f"- {name} {version}" for name, version in self.removed]
+        what = ", ".join(parts) or f"same versions, other files or hashes ({self.old_digest} -> {self.new_digest})"
+        return f"cell {self.cell}: lock changed: {what}"
+
+
+@dataclass
 class Slowdown:
     cell: str
     label: str
@@ -133,6 +154,7 @@ class ReportDiff:
     newly_passing: list[TestChange] = field(default_factory=list)
     status_changes: list[StatusChange] = field(default_factory=list)
     version_changes: list[VersionChange] = field(default_factory=list)
+    lock_changes: list[LockChange] = field(default_factory=list)
     cells_added: list[str] = field(default_factory=list)
     cells_removed: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
@@ -229,6 +251,26 @@ def _version_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> lis
     ]
 
 
+def _lock_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> LockChange | None:
+    before, after = old.get("lock"), new.get("lock")
+    if not isinstance(before, dict) or not isinstance(after, dict) or before.get("digest") == after.get("digest"):
+        # a report without locks (older, or a cell without one) has nothing to compare
+        return None
+    old_packages, new_packages = before.get("packages") or {}, after.get("packages") or {}
+    return LockChange(
+        name,
+        str(before.get("digest")),
+        str(after.get("digest")),
+        changed=[
+            (package, old_packages[package], new_packages[package])
+            for package in sorted(old_packages.keys() & new_packages.keys())
+            if old_packages[package] != new_packages[package]
+        ],
+        added=[(package, new_packages[package]) for package in sorted(new_packages.keys() - old_packages.keys())],
+        removed=[(package, old_packages[package]) for package in sorted(old_packages.keys() - new_packages.keys())],
+    )
+
+
 def _bench_index(cell: dict[str, Any]) -> dict[str, tuple[str, float]]:
     """(label, ms) per benchmark row, keyed on op + backend + shape + pass."""
     index = {}
@@ -287,6 +329,9 @@ def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[st
     if old.get("status") != new.get("status"):
         diff.status_changes.append(StatusChange(name, old.get("status"), new.get("status")))
     diff.version_changes += _version_changes(name, old, new)
+    lock_change = _lock_change(name, old, new)
+    if lock_change is not None:
+        diff.lock_changes.append(lock_change)
     diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
     diff.fastest_changes += _fastest_changes(name, old, new)
     diff.kernel_changes += _kernel_changes(name, old, new)
@@ -392,6 +437,7 @@ def render_markdown(diff: ReportDiff) -> str:
     )
     version_rows = [[v.cell, v.package, v.old, v.new] for v in diff.version_changes]
     lines += _section("Versions", md_table(["cell", "package", "old", "new"], version_rows) if version_rows else [])
+    lines += _section("Locks", _bullets([change.text for change in diff.lock_changes]))
     lines += _section("Cells added", _bullets(diff.cells_added))
     lines += _section("Not compared (not run in the new report)", _bullets(diff.not_compared))
     lines += _section("Cells removed", _bullets(diff.cells_removed))

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gdn.matrix.config import Cell
+from gdn.matrix.lock import LockError, read_lock
 
 TAG_REPOSITORY = "gdn-matrix"
 # Index settings for air-gapped sites: build args when set, and so part of the tag.
@@ -30,7 +31,8 @@ PIP_INDEX_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
 HOST_ROOT_ENV = "GDN_HOST_ROOT"
 CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
 SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
-REQUIREMENTS = Path("docker/requirements-test.txt")
+# The cell's lock (config.cell_files' "lock") under this name in the build context.
+LOCK_IN_CONTEXT = "lock.txt"
 
 SRC_MOUNT = "/src"
 RESULTS_MOUNT = "/results"
@@ -110,12 +112,13 @@ def host_ca_bundle() -> Path:
 
 
 def context_files(root: Path) -> dict[str, Path]:
-    """The build-context files beside the Dockerfile and the wheels, keyed by their name in the context."""
-    return {"requirements-test.txt": root / REQUIREMENTS, "ca-bundle.crt": host_ca_bundle()}
+    """The build-context files beside the Dockerfile, the lock and the wheels, keyed by their name in
+    the context."""
+    return {"ca-bundle.crt": host_ca_bundle()}
 
 
 def _wheels(files: dict[str, Path]) -> list[Path]:
-    return sorted((path for key, path in files.items() if key != "dockerfile"), key=lambda path: path.name)
+    return sorted((path for key, path in files.items() if key.startswith("wheels[")), key=lambda path: path.name)
 
 
 def _file_digest(path: Path) -> str:
@@ -127,15 +130,17 @@ def _file_digest(path: Path) -> str:
 
 
 def image_tag(cell: Cell, files: dict[str, Path], context_files: dict[str, Path]) -> str:
-    """`gdn-matrix/<cell>:<12 hex>`: a hash over the Dockerfile, the build args, each wheel's name and
-    content and the other context files, so a tag exists exactly when its image is up to date.
-    Wheels count by name, not by where the wheelhouse lies."""
+    """`gdn-matrix/<cell>:<12 hex>`: a hash over the Dockerfile, the lock (every package and its hashes),
+    the build args, each wheel's name and content and the other context files, so a tag exists exactly
+    when its image is up to date. Wheels count by name, not by where the wheelhouse lies."""
     digest = hashlib.sha256()
 
     def add(*fields: str) -> None:
         digest.update("\0".join(fields).encode() + b"\n")
 
     add("dockerfile", _file_digest(files["dockerfile"]))
+    if "lock" in files:
+        add("lock", _file_digest(files["lock"]))
     for name, value in sorted(build_args(cell).items()):
         add("arg", name, value)
     for wheel in _wheels(files):
@@ -202,8 +207,10 @@ def _progress(title: str) -> Iterator[Callable[[str], None]]:
 
 
 def _assemble_context(directory: Path, files: dict[str, Path], extras: dict[str, Path]) -> None:
-    """Dockerfile, context files and a wheelhouse/ holding only this cell's wheels (it may be empty)."""
+    """Dockerfile, lock, context files and a wheelhouse/ holding only this cell's wheels (it may be empty)."""
     shutil.copyfile(files["dockerfile"], directory / "Dockerfile")
+    if "lock" in files:
+        shutil.copyfile(files["lock"], directory / LOCK_IN_CONTEXT)
     for name, path in extras.items():
         shutil.copyfile(path, directory / name)
     house = directory / "wheelhouse"
@@ -240,6 +247,24 @@ def _summary(error: str) -> str:
     return match.group(0) if match else error.strip()
 
 
+def _unrecorded_wheels(cell: Cell, files: dict[str, Path]) -> str | None:
+    """Why the image cannot be built from its lock, when a wheelhouse file's hash was not recorded:
+    an image installs nothing it cannot verify."""
+    if "lock" not in files:
+        return None
+    try:
+        unrecorded = read_lock(files["lock"]).unrecorded
+    except LockError as exc:
+        return f"cell {cell.name}: {exc}"
+    if not unrecorded:
+        return None
+    names = ", ".join(f.file for f in unrecorded)
+    return (
+        f"cell {cell.name}: {files['lock']} records no hash for the wheelhouse file(s) {names} (absent when "
+        f"locked); put them in the wheelhouse and run `gdn-matrix lock {cell.name}`"
+    )
+
+
 def build_image(
     client: Any, cell: Cell, files: dict[str, Path], root: Path, *, log: Callable[[str], None]
 ) -> BuildResult:
@@ -247,6 +272,9 @@ def build_image(
     import docker
     import requests
 
+    unverifiable = _unrecorded_wheels(cell, files)
+    if unverifiable:
+        raise ImageBuildError(unverifiable, "")
     extras = context_files(root)
     tag = image_tag(cell, files, extras)
     if _image_exists(client, tag):

@@ -233,6 +233,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
         "image_built": known.get("image_built"),
         "exit_code": known.get("exit_code"),
         "log_tail": known.get("log_tail"),
+        "lock": known.get("lock"),
         "versions": versions(results.manifest),
         "resolution": resolution,
         "families": family_counts(results.tests),

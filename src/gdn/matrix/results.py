@@ -63,6 +63,8 @@ class CellOutcome:
     real_hardware: bool = False
     stand_ins: list[str] = field(default_factory=list)
     families: list[str] = field(default_factory=list)
+    # the cell's lock as the report shows it: {"digest": "sha256:...", "packages": {name: version}}
+    lock: dict[str, Any] | None = None
     schema: int = SCHEMA
 
     def write(self, directory: Path) -> None:
