@@ -7,8 +7,10 @@
 - `tests`, `lint`: the project's own checks (what CI runs).
 - one session per matrix.yaml cell, named after it (`nox -s npu-2610`), tagged by device kind and
   runtime (`nox -t npu`): host cells run in a fresh virtualenv of this checkout; docker cells build
-  their image and run in it. A cell that cannot run here is recorded as not run, with the reason, and
-  the session is skipped. Every cell session refreshes the report under results/report/.
+  their image and run in it. `nox -s CELL -- --runtime host` runs a docker cell in the Python
+  environment nox runs in instead (a GPU box without docker), as `gdn-matrix run CELL --runtime host`
+  does. A cell that cannot run here is recorded as not run, with the reason, and the session is
+  skipped. Every cell session refreshes the report under results/report/.
 - `report`: rebuild results/report/ from results/; `diff`: compare two report.json files.
 - `lock`: refresh the cells' lock files (`nox -s lock -- [CELL ...]`); `nox -s lock -- --check`
   proves every pin exists for its platform and every lock still fits its cell (what CI runs).
@@ -20,6 +22,7 @@ build is ever pulled onto a machine without a GPU.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -30,7 +33,7 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gdn.matrix.config import Cell, load_matrix  # noqa: E402 - needs src/ on the path
+from gdn.matrix.config import Cell, MatrixConfigError, load_matrix  # noqa: E402 - needs src/ on the path
 
 CPU_CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
 RESULTS = ROOT / "results"
@@ -105,6 +108,7 @@ def host_cell(cell: Cell):
             str(RESULTS),
             "--root",
             str(ROOT),
+            *session.posargs,
             success_codes=[0, 1, 2, EXIT_NOT_RUN],
         )
         finish(session, cell)
@@ -112,11 +116,22 @@ def host_cell(cell: Cell):
     return session_fn
 
 
+def requested_runtime(session: nox.Session) -> str | None:
+    """`-- --runtime host`: the runtime to run the cell in instead of its own."""
+    parser = argparse.ArgumentParser(prog=f"nox -s {session.name} --")
+    parser.add_argument("--runtime", metavar="{docker,host}")
+    return parser.parse_args(session.posargs).runtime
+
+
 def docker_cell(cell: Cell):
     def session_fn(session: nox.Session) -> None:
         from gdn.matrix.cell import run_cell
 
-        run_cell(MATRIX, cell, ROOT, RESULTS, echo=session.log)
+        # In the host runtime the cell runs in this interpreter's environment: the one nox runs in.
+        try:
+            run_cell(MATRIX, cell, ROOT, RESULTS, echo=session.log, runtime=requested_runtime(session))
+        except MatrixConfigError as exc:
+            session.error(str(exc))
         finish(session, cell)
 
     return session_fn

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gdn.matrix import images
+from gdn.matrix import devices, images
 from gdn.matrix.config import Cell, Versions
 
 pytestmark = pytest.mark.tooling
@@ -57,7 +57,7 @@ def inputs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path]]:
 
 @pytest.fixture(autouse=True)
 def _no_index_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*images.PIP_INDEX_ENV, "ASCEND_RT_VISIBLE_DEVICES", images.HOST_ROOT_ENV):
+    for name in (*images.PIP_INDEX_ENV, "ASCEND_RT_VISIBLE_DEVICES", devices.HOST_ROOT_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -169,7 +169,7 @@ def test_npu_cards_in_numeric_order_and_only_existing_driver_files(tmp_path: Pat
 
 def test_npu_visible_devices_from_the_host_environment(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "1")
-    monkeypatch.setenv(images.HOST_ROOT_ENV, str(fake_host(tmp_path)))
+    monkeypatch.setenv(devices.HOST_ROOT_ENV, str(fake_host(tmp_path)))
     assert images.container_options(make_cell("npu"))["environment"] == {"ASCEND_RT_VISIBLE_DEVICES": "1"}
 
 

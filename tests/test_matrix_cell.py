@@ -110,7 +110,10 @@ def test_npu_cell_without_an_npu_is_not_run_with_the_reason(tmp_path):
         echo=lambda line: None,
         host_root=tmp_path / "empty-host",
     )
-    assert got.status == "not_run" and "no Ascend NPU" in got.reason and got.real_hardware is False
+    assert got.status == "not_run" and got.real_hardware is False
+    assert got.reason == (
+        "/dev/davinci_manager is absent on this machine: npu cells need an Ascend NPU runner (/dev/davinci_manager)"
+    )
     assert outcome(tmp_path / "results", "npu-x")["reason"] == got.reason
 
 
@@ -126,6 +129,7 @@ def test_docker_cell_without_an_engine_points_to_the_host_cell(tmp_path, monkeyp
     matrix = matrix_of(cell)
     got = run_cell(matrix, matrix.cells[0], tmp_path, tmp_path / "results", echo=lambda line: None)
     assert got.status == "not_run" and "nox -s local" in got.reason
+    assert "`gdn-matrix run cpu-x --runtime host` (`nox -s cpu-x -- --runtime host`)" in got.reason
 
 
 def test_stand_in_modules_found_by_the_probe_are_recorded(tmp_path):
@@ -143,3 +147,76 @@ def test_stand_in_modules_found_by_the_probe_are_recorded(tmp_path):
     )
     assert stand_in_labels(manifest) == ["fla_npu 26.10 (composite)", "torch_npu (cpu)"]
     assert stand_in_labels(tmp_path / "missing.json") == []
+
+
+def docker_cuda_cell(name: str = "cuda-x", **extra) -> dict:
+    return {
+        "name": name,
+        "device": "cuda",
+        "runtime": "docker",
+        "dockerfile": "docker/cuda.Dockerfile",
+        "base_image": "nvidia/cuda:test",
+        "families": ["probe"],
+        **extra,
+    }
+
+
+def test_docker_cell_in_the_host_runtime_records_it_and_the_pins_it_lacks(tmp_path):
+    import platform
+
+    import torch
+
+    host = tmp_path / "gpu-host"
+    (host / "dev").mkdir(parents=True)
+    (host / "dev" / "nvidiactl").touch()
+    python = ".".join(platform.python_version_tuple()[:2])
+    pins = {"python": python, "torch": "0.0.1", "fla": "0.6.0"}
+    matrix = matrix_of(docker_cuda_cell(versions=pins))
+    source = source_tree(tmp_path, "ok")
+    got = run_cell(
+        matrix, matrix.cells[0], source, tmp_path / "results", echo=lambda line: None, host_root=host, runtime="host"
+    )
+    assert (got.status, got.runtime, got.matrix_runtime, got.image) == ("passed", "host", "docker", None)
+    written = outcome(tmp_path / "results", "cuda-x")
+    assert (written["runtime"], written["matrix_runtime"]) == ("host", "docker")
+    # this interpreter's torch against the pin, fla (not installed here) against its pin; python matches
+    assert written["pin_differences"] == [
+        {"package": "torch", "pinned": "0.0.1", "found": torch.__version__},
+        {"package": "fla", "pinned": "0.6.0", "found": "not installed"},
+    ]
+    assert json.loads((tmp_path / "results" / "cuda-x" / "manifest.json").read_text())["python"]["version"].startswith(
+        python
+    )
+
+
+def test_host_runtime_still_needs_the_device(tmp_path):
+    matrix = matrix_of(docker_cuda_cell())
+    got = run_cell(
+        matrix,
+        matrix.cells[0],
+        tmp_path,
+        tmp_path / "results",
+        echo=lambda line: None,
+        host_root=tmp_path / "no-gpu",
+        runtime="host",
+    )
+    assert (got.status, got.runtime, got.matrix_runtime) == ("not_run", "host", "docker")
+    assert got.reason == "/dev/nvidiactl is absent on this machine: cuda cells need an NVIDIA GPU (/dev/nvidiactl)"
+    assert got.pin_differences is None
+
+
+def test_run_command_takes_a_runtime_and_refuses_one_the_cell_cannot_have(tmp_path, capsys):
+    from gdn.matrix.cli import EXIT_NOT_RUN, main
+
+    path = tmp_path / "matrix.yaml"
+    path.write_text(json.dumps({"schema": 1, "cells": [docker_cuda_cell(), host_cell("plain")]}))
+    results = tmp_path / "results"
+    common = ["--matrix", str(path), "--results", str(results), "--root", str(tmp_path)]
+    assert main(["run", "plain", "--runtime", "docker", *common]) == 2
+    assert "cell 'plain' cannot run in the docker runtime: " in capsys.readouterr().err
+    assert not (results / "plain").exists()
+    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("GDN_HOST_ROOT", str(tmp_path / "no-gpu"))
+        assert main(["run", "cuda-x", "--runtime", "host", *common]) == EXIT_NOT_RUN
+    assert outcome(results, "cuda-x")["runtime"] == "host"

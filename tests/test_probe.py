@@ -108,7 +108,7 @@ def test_missing_torch_npu_and_cuda_are_reported(manifest: dict[str, Any]) -> No
         "import": {"ok": False, "error": "ModuleNotFoundError: No module named 'torch_npu'"},
     }
     assert manifest["devices"]["cuda"] == {"available": False, "count": 0, "devices": []}
-    assert manifest["devices"]["npu"] == {"count": 0, "names": []}
+    assert manifest["devices"]["npu"] == {"count": 0, "devices": []}
     assert {r["device"] for r in manifest["resolution"]} == {"cpu"}
 
 

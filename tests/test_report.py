@@ -17,7 +17,7 @@ import pytest
 from browser import chromium
 from gdn.matrix import report as report_mod
 from gdn.matrix.config import parse_matrix
-from gdn.matrix.results import CellOutcome, write_json
+from gdn.matrix.results import CellOutcome, PinDifference, write_json
 from gdn.op_names import OP_NAMES
 
 pytestmark = pytest.mark.tooling
@@ -321,7 +321,9 @@ def test_passed_cell(report):
         "reason": None,
         "device": "cpu",
         "runtime": "host",
+        "matrix_runtime": "host",
         "real_hardware": False,
+        "cards": [],
         "stand_ins": [],
         "duration_s": 42.0,
         "image": None,
@@ -330,6 +332,7 @@ def test_passed_cell(report):
         "log_tail": None,
         "lock": None,
         "versions": CPU_VERSIONS,
+        "pin_differences": None,
         "resolution": CPU_RESOLUTION_MAP,
         "families": {
             "probe": {"passed": 1, "failed": 0, "error": 0, "skipped": 0, "total": 1},
@@ -365,6 +368,7 @@ def test_failed_cell_on_stand_ins(report):
     assert cell["versions"] == {
         "python": "3.12.3",
         "torch": "2.9.0",
+        "cuda": None,
         "triton": "3.2.1",
         "triton_flavour": "triton-ascend",
         "torch_npu": "2.9.0.post3",
@@ -420,13 +424,16 @@ def test_failed_cell_on_stand_ins(report):
 
 
 def test_not_run_cell(report):
+    # never tried: what it needs comes from the device table; what it would have shown is not known
     assert _cell(report, "npu-absent") == {
         "name": "npu-absent",
         "status": "not_run",
-        "reason": "no results: the cell was not run",
+        "reason": "no results: never run; needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine",
         "device": "npu",
         "runtime": "docker",
-        "real_hardware": False,
+        "matrix_runtime": "docker",
+        "real_hardware": None,
+        "cards": [],
         "stand_ins": [],
         "duration_s": None,
         "image": None,
@@ -435,6 +442,7 @@ def test_not_run_cell(report):
         "log_tail": None,
         "lock": None,
         "versions": NO_VERSIONS,
+        "pin_differences": None,
         "resolution": {},
         "families": {},
         "failures": [],
@@ -447,7 +455,7 @@ def test_not_run_cell(report):
                 "route": "ascendc:legacy-torch-ops",
                 "actual_backend": None,
                 "actual_route": None,
-                "ok": False,
+                "ok": None,
             }
         ],
         "problems": [],
@@ -541,15 +549,16 @@ def test_markdown(report):
     md = report_mod.render_markdown(report)
     assert md.startswith(f"# gdn-matrix report\n\nGenerated {report['generated_at']}.")
     cells = _md_section(md, "Cells")
-    assert "| cell | status | device | runtime | duration | reason |" in cells
-    assert (
-        _md_row(cells, "npu-absent")
-        == "| npu-absent | ⚪ not_run | npu | docker | — | no results: the cell was not run |"
+    assert "| cell | status | device | card | runtime | lock | duration | reason |" in cells
+    assert _md_row(cells, "npu-absent") == (
+        "| npu-absent | ⚪ not_run | npu | — | docker | — | — | no results: never run; "
+        "needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine |"
     )
     assert (
-        _md_row(cells, "cuda-build") == "| cuda-build | 🧱 build_failed | cuda | docker | — | docker build exited 1 |"
+        _md_row(cells, "cuda-build")
+        == "| cuda-build | 🧱 build_failed | cuda | — | docker | — | — | docker build exited 1 |"
     )
-    assert _md_row(cells, "cpu-timeout") == "| cpu-timeout | ⏱️ timeout | cpu | host | 60 s | timed out after 60 s |"
+    assert _md_row(cells, "cpu-timeout") == "| cpu-timeout | ⏱️ timeout | cpu | — | host | — | 60 s | timed out after 60 s |"
 
     routes = _md_section(md, "Resolved backends")
     assert "| cell | " + " | ".join(OP_NAMES) + " |" in routes
@@ -573,7 +582,10 @@ def test_markdown(report):
         "| npu-fail | 3.12.3 | 2.9.0 | 3.2.1 | triton-ascend | 2.9.0.post3 |"
     )
 
-    assert _md_section(md, "Not run") == "\n- **npu-absent**: no results: the cell was not run\n"
+    assert _md_section(md, "Not run") == (
+        "\n- **npu-absent**: no results: never run; "
+        "needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine\n"
+    )
     problems = _md_section(md, "Problems")
     assert "- **cpu-badjunit**: problem: junit.xml is not valid JUnit XML" in problems
     assert (
@@ -692,3 +704,123 @@ def test_report_command(results_root, tmp_path, capsys):
     matrix.write_text("schema: 1\ncells: [{name: x}]\n")
     assert _report_command("--results", str(results_root), "--matrix", str(matrix)) == 2
     assert "cell 'x': key 'device': missing field" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- host runtime, cards, never-run needs
+
+HONEST_MATRIX = {
+    "schema": 1,
+    "cells": [
+        {
+            "name": "cuda-36",
+            "device": "cuda",
+            "runtime": "docker",
+            "dockerfile": "docker/cuda.Dockerfile",
+            "base_image": "nvidia/cuda:13.0.1",
+            "versions": {"python": "3.12", "torch": "2.13.0", "fla": "0.6.0"},
+        },
+        {
+            "name": "cuda-broken",
+            "device": "cuda",
+            "runtime": "docker",
+            "dockerfile": "docker/cuda.Dockerfile",
+            "base_image": "nvidia/cuda:13.0.1",
+            "expect": [{"op": "chunk_gated_delta_rule", "backend": "triton"}],
+        },
+        {"name": "cpu-image", "device": "cpu", "runtime": "docker", "dockerfile": "d", "base_image": "b"},
+        {"name": "cpu-here", "device": "cpu", "runtime": "host"},
+    ],
+}
+H200_MANIFEST = {
+    **CPU_MANIFEST,
+    "python": {"version": "3.12.3"},
+    "torch": {"version": "2.11.0+cu130", "cuda": "13.0"},
+    "devices": {
+        "cpu_count": 16,
+        "cuda": {"available": True, "count": 2, "devices": [{"name": "NVIDIA H200", "capability": "9.0"}] * 2},
+        "npu": {"count": 0, "devices": []},
+    },
+}
+H200_DIFFERENCES = [
+    {"package": "torch", "pinned": "2.13.0", "found": "2.11.0+cu130"},
+    {"package": "fla", "pinned": "0.6.0", "found": "not installed"},
+]
+
+
+@pytest.fixture
+def honest(tmp_path: Path) -> dict[str, Any]:
+    root = tmp_path / "results"
+    cuda_records = [_record(op, device, "eager") for op in OP_NAMES for device in ("cpu", "cuda")]
+    _write_cell(
+        root,
+        CellOutcome(
+            cell="cuda-36",
+            status="passed",
+            device="cuda",
+            runtime="host",
+            matrix_runtime="docker",
+            real_hardware=True,
+            exit_code=0,
+            pin_differences=[PinDifference(**d) for d in H200_DIFFERENCES],
+        ),
+        {"manifest.json": H200_MANIFEST, "resolution.json": cuda_records},
+    )
+    _write_cell(
+        root,
+        CellOutcome(cell="cuda-broken", status="build_failed", device="cuda", runtime="docker", reason="pip failed"),
+        {},
+    )
+    return report_mod.build_report(root, parse_matrix(HONEST_MATRIX))
+
+
+def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(honest):
+    cell = _cell(honest, "cuda-36")
+    assert (cell["runtime"], cell["matrix_runtime"], cell["real_hardware"]) == ("host", "docker", True)
+    assert cell["cards"] == ["NVIDIA H200", "NVIDIA H200"]
+    assert cell["pin_differences"] == H200_DIFFERENCES
+    md = report_mod.render_markdown(honest)
+    assert _md_row(_md_section(md, "Cells"), "cuda-36") == (
+        "| cuda-36 | ✅ passed | cuda | 2 × NVIDIA H200 | host (matrix.yaml: docker) | — | — | — |"
+    )
+    assert _md_section(md, "Differences from the pins") == (
+        "\n- **cuda-36** (runtime host (matrix.yaml: docker)): "
+        "host torch 2.11.0+cu130, cell pins 2.13.0; host fla not installed, cell pins 0.6.0\n"
+    )
+    html = report_mod.render_html(honest)
+    assert '<td class="warn">host (matrix.yaml: docker)</td>' in html
+    assert "<td>2 × NVIDIA H200</td>" in html
+    assert '<tr title="host torch 2.11.0+cu130, cell pins 2.13.0"><td>torch</td><td>2.13.0</td>' in html
+
+
+def test_cells_that_did_not_run_are_not_checked_and_say_what_they_need(honest):
+    broken = _cell(honest, "cuda-broken")
+    assert broken["expectations"][0]["ok"] is None and broken["real_hardware"] is None
+    assert broken["cards"] == [] and broken["pin_differences"] is None
+    assert _cell(honest, "cpu-image")["reason"] == "no results: never run; needs a docker engine"
+    assert _cell(honest, "cpu-here")["reason"] == (
+        "no results: never run; needs only a Python environment with gdn installed"
+    )
+    md = report_mod.render_markdown(honest)
+    assert "expectation not met" not in md
+    assert "cuda-broken" not in _md_section(md, "Differences from the pins")
+    html = report_mod.render_html(honest)
+    section = html.split('id="cell-cuda-broken"', 1)[1].split("</section>", 1)[0]
+    assert '<td class="s-not_run">not checked</td>' in section
+    assert "real hardware" not in section and "not met" not in section
+    ran = html.split('id="cell-cuda-36"', 1)[1].split("</section>", 1)[0]
+    assert "<dt>real hardware</dt>" in ran and "<dt>card</dt><dd>2 × NVIDIA H200</dd>" in ran
+
+
+def test_the_cells_table_shows_the_lock_digest_of_an_image_cell(tmp_path):
+    digest = "sha256:" + "0123456789ab" + "f" * 52
+    lock = {"digest": digest, "packages": {"torch": "2.13.0", "triton": "3.9.0"}}
+    _write_cell(
+        tmp_path,
+        CellOutcome(cell="cpu-image", status="passed", device="cpu", runtime="docker", exit_code=0, lock=lock),
+        {},
+    )
+    report = report_mod.build_report(tmp_path, parse_matrix(HONEST_MATRIX))
+    assert _cell(report, "cpu-image")["lock"] == lock
+    row = _md_row(_md_section(report_mod.render_markdown(report), "Cells"), "cpu-image")
+    assert "| docker | 0123456789ab |" in row
+    assert f'<td title="{digest}">0123456789ab</td>' in report_mod.render_html(report)

@@ -268,10 +268,12 @@ def _cuda_devices() -> Section:
 
 
 def devices_section(torch_npu: Section) -> Section:
+    # npu shaped like cuda, so that a card's name is found the same way for every device kind
+    npu = [{"name": name} for name in torch_npu.get("devices") or []]
     return {
         "cpu_count": os.cpu_count(),
         "cuda": _section(_cuda_devices),
-        "npu": {"count": torch_npu.get("device_count", 0), "names": torch_npu.get("devices") or []},
+        "npu": {"count": torch_npu.get("device_count", 0), "devices": npu},
     }
 
 
@@ -554,7 +556,7 @@ def _fla_text(s: Section) -> str:
 def _devices_text(s: Section) -> str:
     cuda = s["cuda"]
     cuda_text = cuda["error"] if "error" in cuda else f"{cuda['count']} {[d['name'] for d in cuda['devices']]}"
-    return f"cpu {s['cpu_count']}; cuda {cuda_text}; npu {s['npu']['count']} {s['npu']['names']}"
+    return f"cpu {s['cpu_count']}; cuda {cuda_text}; npu {s['npu']['count']} {[d['name'] for d in s['npu']['devices']]}"
 
 
 def _gdn_text(s: Section) -> str:

@@ -3,6 +3,9 @@
 A cell that cannot run here (no NPU, no GPU, no docker engine), fails to build, crashes or times out
 still gets a cell.json saying so, with the log tail. Results are staged in a private directory and
 moved into place in one rename, so a cell never leaves half a result and never touches another's.
+
+Any cell can run in the host runtime (a docker cell on a GPU box without docker): it then runs in this
+Python environment, not its image, and cell.json says so, with every pin the environment does not have.
 """
 
 from __future__ import annotations
@@ -20,15 +23,15 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
-from gdn.matrix.config import Cell, Matrix, MatrixConfigError, cell_files
+from gdn.matrix import devices
+from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
 from gdn.matrix.lock import lock_summary
-from gdn.matrix.results import CellOutcome
+from gdn.matrix.results import CellOutcome, PinDifference
+from gdn.matrix.versions import pin_differences
 
 LOG_TAIL_LINES = 60
 CONTAINER_SOURCE = Path("/src")
 CONTAINER_RESULTS = Path("/results")
-NPU_MARKER = Path("/dev/davinci_manager")
-CUDA_MARKER = Path("/dev/nvidiactl")
 
 
 def _now() -> str:
@@ -57,14 +60,6 @@ class CellLog:
         self.handle.close()
 
 
-def device_absent_reason(cell: Cell, host_root: Path = Path("/")) -> str | None:
-    if cell.device == "npu" and not (host_root / NPU_MARKER.relative_to("/")).exists():
-        return f"no Ascend NPU on this machine ({NPU_MARKER} is absent); npu cells run on Ascend runners"
-    if cell.device == "cuda" and not (host_root / CUDA_MARKER.relative_to("/")).exists():
-        return f"no NVIDIA GPU on this machine ({CUDA_MARKER} is absent); cuda cells run on GPU runners"
-    return None
-
-
 def entry_command(cell: Cell, out: Path, source: Path, python: str = "python") -> list[str]:
     command = [python, "-m", "gdn.matrix.entry", "--cell", cell.name, "--out", str(out)]
     command += ["--families", ",".join(cell.families), "--mode", cell.compute_mode, "--tests", str(source / "tests")]
@@ -76,8 +71,11 @@ def status_of(exit_code: int | None) -> str:
 
 
 def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | None, bool]:
-    """The same entry as in a container, in this Python environment; returns (exit code, timed out)."""
+    """The same entry as in a container, in this Python environment; returns (exit code, timed out).
+    The checkout's source comes first on the path, as in a container: the interpreter (nox's own, for
+    a docker cell's session) need not have gdn installed."""
     env_cmd = entry_command(cell, out, root, python=sys.executable)
+    path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
     process = subprocess.Popen(
         env_cmd,
         cwd=root,
@@ -85,7 +83,7 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
         stderr=subprocess.STDOUT,
         text=True,
         bufsize=1,
-        env={**os.environ, **cell.env},
+        env={**os.environ, "PYTHONPATH": path, **cell.env},
     )
     reader = threading.Thread(target=lambda: [log(line) for line in process.stdout], daemon=True)
     reader.start()
@@ -105,7 +103,11 @@ def _run_docker(matrix: Matrix, cell: Cell, root: Path, out: Path, log: CellLog,
 
     client, reason = images.docker_client()
     if client is None:
-        outcome.status, outcome.reason = "not_run", f"{reason}; run `nox -s local` for the host cell"
+        outcome.status, outcome.reason = (
+            "not_run",
+            f"{reason}; run it in this Python environment with `gdn-matrix run {cell.name} --runtime host`"
+            f" (`nox -s {cell.name} -- --runtime host`), or `nox -s local` for the host cell",
+        )
         return
     try:
         files = cell_files(matrix, cell, root)
@@ -137,14 +139,25 @@ def _run_docker(matrix: Matrix, cell: Cell, root: Path, out: Path, log: CellLog,
             outcome.reason = f"the container exited with status {result.exit_code}"
 
 
+def _manifest(path: Path) -> dict | None:
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) else None
+
+
 def stand_in_labels(manifest_path: Path) -> list[str]:
     """The stand-in modules the cell's probe found (tests/standins): results produced with them are
     not results of real wheels, and the report says so."""
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError):
-        return []
+    manifest = _manifest(manifest_path) or {}
     return sorted({s["stand_in"] for s in manifest.values() if isinstance(s, dict) and s.get("stand_in")})
+
+
+def differences_from_pins(cell: Cell, manifest_path: Path) -> list[PinDifference] | None:
+    """The cell's pins that the environment it ran in lacks; None without a manifest to compare."""
+    manifest = _manifest(manifest_path)
+    return None if manifest is None else pin_differences(cell.versions, manifest)
 
 
 def _publish(staging: Path, final: Path) -> None:
@@ -163,8 +176,12 @@ def run_cell(
     results_root: Path,
     *,
     echo: Callable[[str], None] = print,
-    host_root: Path = Path("/"),
+    host_root: Path | None = None,
+    runtime: Runtime | None = None,
 ) -> CellOutcome:
+    """Run `cell` in its own runtime, or in `runtime` where given. `host_root` (default $GDN_HOST_ROOT,
+    else /) is where the device kind's marker is looked for."""
+    as_run = cell if runtime in (None, cell.runtime) else cell.in_runtime(runtime)
     results_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=results_root, prefix=f".staging-{cell.name}-"))
     staging.chmod(0o777)  # a container runs as its own non-root user and writes here
@@ -172,20 +189,23 @@ def run_cell(
         cell=cell.name,
         status="error",
         device=cell.device,
-        runtime=cell.runtime,
+        runtime=as_run.runtime,
+        matrix_runtime=cell.runtime,
         started_at=_now(),
         families=list(cell.families),
     )
     started = time.monotonic()
     log = CellLog(staging / "log.txt", echo)
     try:
-        outcome.lock = lock_summary(matrix, cell, root)
-        absent = device_absent_reason(cell, host_root)
+        # a host run's packages are the host's, not the lock's: its pin differences say what ran
+        if as_run.runtime == "docker":
+            outcome.lock = lock_summary(matrix, cell, root)
+        absent = devices.kind(cell.device).absent_reason(host_root)
         if absent:
             outcome.status, outcome.reason = "not_run", absent
-        elif cell.runtime == "host":
+        elif as_run.runtime == "host":
             outcome.real_hardware = True
-            code, timed_out = _run_host(cell, root, staging, log)
+            code, timed_out = _run_host(as_run, root, staging, log)
             outcome.exit_code = code
             if timed_out:
                 outcome.status, outcome.reason = "timeout", f"the cell ran past timeout_s={cell.timeout_s}"
@@ -203,6 +223,7 @@ def run_cell(
         outcome.duration_s = round(time.monotonic() - started, 2)
         outcome.log_tail = outcome.log_tail or log.text() or None
         outcome.stand_ins = stand_in_labels(staging / "manifest.json")
+        outcome.pin_differences = differences_from_pins(cell, staging / "manifest.json")
         outcome.write(staging)
         _publish(staging, results_root / cell.name)
     return outcome

@@ -23,10 +23,10 @@ def _run_cell(args: argparse.Namespace) -> int:
     try:
         matrix = load_matrix(args.matrix)
         cell = matrix.cell(args.cell)
+        outcome = run_cell(matrix, cell, args.root.resolve(), args.results.resolve(), runtime=args.runtime)
     except MatrixConfigError as exc:
         print(f"gdn-matrix run: {exc}", file=sys.stderr)
         return 2
-    outcome = run_cell(matrix, cell, args.root.resolve(), args.results.resolve())
     print(f"cell {cell.name}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     return {"passed": 0, "not_run": EXIT_NOT_RUN, "failed": 1}.get(outcome.status, 2)
 
@@ -37,6 +37,12 @@ def _add_run(commands) -> None:
     parser.add_argument("--matrix", type=Path, default=None, help="matrix file (default: $GDN_MATRIX or matrix.yaml)")
     parser.add_argument("--results", type=Path, default=Path("results"), help="results root (default: results)")
     parser.add_argument("--root", type=Path, default=Path(), help="the source checkout (default: .)")
+    parser.add_argument(
+        "--runtime",
+        metavar="{docker,host}",
+        help="run in this runtime instead of the cell's own; host: this Python environment, on a machine "
+        "with the cell's device (its pins are then compared with what is installed)",
+    )
     parser.set_defaults(handler=_run_cell)
 
 

@@ -16,10 +16,10 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from gdn.matrix import devices
 from gdn.op_names import OP_NAMES
 
 FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
-DEVICE_KINDS = ("cpu", "cuda", "npu")
 MATRIX_ENV = "GDN_MATRIX"
 # The versions keys that are Python distributions, and their names on a package index; python, cann
 # and cuda describe the base image instead.
@@ -37,6 +37,7 @@ BASE_IMAGE_KEYS = ("python", "cann", "cuda")
 WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
 
 Family = Literal["probe", "single_op", "shape_grid", "grpo"]
+Runtime = Literal["docker", "host"]
 
 
 class MatrixConfigError(ValueError):
@@ -91,8 +92,9 @@ class Expectation(_Strict):
 class Cell(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     description: str = ""
-    device: Literal["cpu", "cuda", "npu"]
-    runtime: Literal["docker", "host"]
+    # a device kind of gdn.matrix.devices, read when a cell is validated (not frozen into a type)
+    device: str
+    runtime: Runtime
     dockerfile: str | None = None
     base_image: str | None = None
     versions: Versions = Versions()
@@ -108,6 +110,20 @@ class Cell(_Strict):
     timeout_s: int = Field(default=3600, gt=0)
     env: dict[str, str] = {}
     privileged: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        devices.kind(device)
+        return device
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_runner_labels(cls, raw: Any) -> Any:
+        """A cell that names no runner labels gets its device kind's; `runner_labels: []` keeps it off CI."""
+        if isinstance(raw, dict) and "runner_labels" not in raw and raw.get("device") in devices.KINDS:
+            return {**raw, "runner_labels": devices.KINDS[raw["device"]].runner_labels}
+        return raw
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Cell:
@@ -157,6 +173,15 @@ class Cell(_Strict):
         """Whether the cell has a lock file: a cell that pins no package (the host `local` cell) runs
         whatever its environment has."""
         return bool(self.versions.packages())
+
+    def in_runtime(self, runtime: Runtime) -> Cell:
+        """This cell run in another runtime (a docker cell on a GPU box without docker, say), validated
+        like any cell: a host cell has no image to run in."""
+        try:
+            return Cell.model_validate({**self.model_dump(), "runtime": runtime})
+        except ValidationError as exc:
+            reasons = "; ".join(e["msg"] for e in exc.errors())
+            raise MatrixConfigError(f"cell {self.name!r} cannot run in the {runtime} runtime: {reasons}") from None
 
 
 class Matrix(_Strict):

@@ -318,7 +318,8 @@ def _violations(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     if cell.get("status") == "not_run":
         # the cell's status already says it was not run; its expectations were not tested
         return []
-    return [(cell["name"], e) for e in cell.get("expectations") or [] if not e.get("ok")]
+    # ok is None where the cell resolved nothing: not checked, so not violated either
+    return [(cell["name"], e) for e in cell.get("expectations") or [] if e.get("ok") is False]
 
 
 def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:

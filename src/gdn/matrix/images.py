@@ -1,5 +1,6 @@
 """Container images of the docker cells: a tag that is a content hash of everything a build sees, a
-build that is skipped when that tag exists, and a run with only the devices the cell's kind needs.
+build that is skipped when that tag exists, and a run with only the devices the cell's kind needs
+(gdn.matrix.devices says which).
 
 The docker SDK is imported only where an engine is used: it belongs to the `matrix` extra, and the
 host runtime (the `local` cell) must work without it."""
@@ -21,14 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gdn.matrix import devices
 from gdn.matrix.config import Cell
 from gdn.matrix.lock import LockError, read_lock
 
 TAG_REPOSITORY = "gdn-matrix"
 # Index settings for air-gapped sites: build args when set, and so part of the tag.
 PIP_INDEX_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
-# Where the host's /dev, driver and /etc are found; tests point it at a fake tree.
-HOST_ROOT_ENV = "GDN_HOST_ROOT"
 CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
 SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
 # The cell's lock (config.cell_files' "lock") under this name in the build context.
@@ -37,16 +37,6 @@ LOCK_IN_CONTEXT = "lock.txt"
 SRC_MOUNT = "/src"
 RESULTS_MOUNT = "/results"
 RUN_ENV = {"PYTHONPATH": f"{SRC_MOUNT}/src", "PYTHONDONTWRITEBYTECODE": "1"}
-
-NPU_CARD = re.compile(r"davinci(\d+)")
-NPU_CONTROL_DEVICES = ("dev/davinci_manager", "dev/devmm_svm", "dev/hisi_hdc")
-NPU_DRIVER_MOUNTS = (
-    "usr/local/dcmi",
-    "usr/local/bin/npu-smi",
-    "usr/local/Ascend/driver/lib64",
-    "usr/local/Ascend/driver/version.info",
-    "etc/ascend_install.info",
-)
 
 TAIL_LINES = 200
 # The classic builder colours pip's stderr; colour codes only clutter log files and tails.
@@ -314,55 +304,22 @@ def build_image(
     return BuildResult(tag=tag, built=True, log_tail=tail.text)
 
 
-def _host_root(host_root: Path | None) -> Path:
-    return host_root or Path(os.environ.get(HOST_ROOT_ENV) or "/")
-
-
-def npu_cards(host_root: Path | None = None) -> list[int]:
-    root = _host_root(host_root)
-    found = (NPU_CARD.fullmatch(path.name) for path in (root / "dev").glob("davinci[0-9]*"))
-    return sorted(int(match.group(1)) for match in found if match)
-
-
-def _npu_options(root: Path) -> dict[str, Any]:
-    cards = npu_cards(root)
-    devices = [root / "dev" / f"davinci{card}" for card in cards]
-    devices += [root / rel for rel in NPU_CONTROL_DEVICES if (root / rel).exists()]
-    mounts = [rel for rel in NPU_DRIVER_MOUNTS if (root / rel).exists()]
-    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or ",".join(map(str, cards))
-    # The devices keep the host's owner in the container: usually the driver's HwHiAiUser group,
-    # which the image's non-root user has to join to open them (root's group is never added).
-    groups = sorted({device.stat().st_gid for device in devices} - {0})
-    return {
-        "devices": [f"{device}:/{device.relative_to(root)}:rwm" for device in devices],
-        "volumes": {str(root / rel): {"bind": f"/{rel}", "mode": "ro"} for rel in mounts},
-        "environment": {"ASCEND_RT_VISIBLE_DEVICES": visible} if visible else {},
-        "group_add": [str(gid) for gid in groups],
-    }
-
-
-def _gpu_request() -> Any:
-    from docker.types import DeviceRequest
-
-    return DeviceRequest(count=-1, capabilities=[["gpu"]])
-
-
 def container_options(cell: Cell, host_root: Path | None = None) -> dict[str, Any]:
     """Keyword arguments for containers.create() that give the cell its device kind and nothing more.
     `host_root` (default $GDN_HOST_ROOT, else /) is where the host's device nodes and driver files lie."""
-    options: dict[str, Any] = {
-        "devices": [],
-        "device_requests": [],
-        "volumes": {},
-        "environment": {},
-        "group_add": [],
+    from docker.types import DeviceRequest
+
+    access = devices.kind(cell.device).container(devices.host_root_of(host_root))
+    gpu = access.gpu_request
+    requests = [DeviceRequest(count=gpu.count, capabilities=[list(c) for c in gpu.capabilities])] if gpu else []
+    return {
+        "devices": list(access.devices),
+        "device_requests": requests,
+        "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in access.mounts.items()},
+        "environment": dict(access.environment),
+        "group_add": list(access.group_add),
         "privileged": cell.privileged,
     }
-    if cell.device == "npu":
-        options.update(_npu_options(_host_root(host_root)))
-    elif cell.device == "cuda":
-        options["device_requests"] = [_gpu_request()]
-    return options
 
 
 def _pump_logs(container: Any, tail: _LineTail) -> None:

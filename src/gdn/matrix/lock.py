@@ -37,6 +37,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict
 
+from gdn.matrix import devices
 from gdn.matrix.config import (
     DISTRIBUTIONS,
     Cell,
@@ -47,8 +48,6 @@ from gdn.matrix.config import (
     wheelhouse_dir,
 )
 
-# The platform a device kind's images run on. Only the architecture differs: Ascend hosts are aarch64.
-PLATFORMS = {"cpu": "x86_64-manylinux_2_28", "cuda": "x86_64-manylinux_2_28", "npu": "aarch64-manylinux_2_28"}
 TEST_REQUIREMENTS = Path("docker/requirements-test.txt")
 # Pins a cell takes over what its other packages' metadata allows: a cuda cell pairs torch with a
 # Triton other than the one torch pins (cuda-triton39 runs the index's latest over torch 2.13).
@@ -161,7 +160,7 @@ class Lock(_Frozen):
 
 
 def platform_of(cell: Cell) -> str:
-    return PLATFORMS[cell.device]
+    return devices.kind(cell.device).lock_platform
 
 
 def read_test_requirements(root: Path) -> tuple[str, ...]:

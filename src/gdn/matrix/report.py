@@ -1,8 +1,10 @@
 """Merge every results/<cell>/ into one matrix report: report.json (the source of truth, versioned
 schema), report.md (sized for a GitHub job summary) and report.html (one self-contained page).
 
-Cells named in the matrix but without a results directory are reported as not run, so a report always
-shows the whole matrix; results of cells the matrix no longer names are kept, since they were run.
+Cells named in the matrix but without a results directory are reported as not run, with what they need
+(gdn.matrix.devices), so a report always shows the whole matrix; results of cells the matrix no longer
+names are kept, since they were run. What a cell that did not run would have shown is "not checked",
+never "not met".
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import argparse
 import math
 import re
 import sys
+from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gdn.matrix import peers, speed
+from gdn.matrix import devices, peers, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.results import (
     FAMILY_MARKERS,
@@ -28,37 +31,13 @@ from gdn.matrix.results import (
     read_results,
     write_json,
 )
+from gdn.matrix.versions import VERSION_KEYS, dig, versions
 from gdn.op_names import OP_NAMES
 
 SCHEMA = 1
-NOT_RUN_REASON = "no results: the cell was not run"
-ACCELERATORS = ("cuda", "npu")
-VERSION_KEYS = (
-    "python",
-    "torch",
-    "triton",
-    "triton_flavour",
-    "torch_npu",
-    "cann",
-    "driver",
-    "fla_npu",
-    "fla_npu_generation",
-    "fla",
-    "transformers",
-)
-# where each version lives in a probe manifest (gdn.probe.collect_manifest)
-VERSION_PATHS: dict[str, tuple[str, ...]] = {
-    "python": ("python", "version"),
-    "torch": ("torch", "version"),
-    "triton_flavour": ("triton", "flavour"),
-    "torch_npu": ("torch_npu", "distribution", "version"),
-    "cann": ("cann", "toolkit", "version"),
-    "driver": ("cann", "driver", "version"),
-    "fla_npu": ("fla_npu", "distribution", "version"),
-    "fla_npu_generation": ("fla_npu", "api", "generation"),
-    "fla": ("fla", "distribution", "version"),
-    "transformers": ("transformers", "distribution", "version"),
-}
+NEVER_RUN = "no results: never run"
+# statuses of a cell that never got to its tests: what they would have shown is not known
+NOT_RAN = ("not_run", "build_failed")
 UNMARKED_FAMILY = "unmarked"
 FAILURES_SHOWN = 20
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
@@ -68,32 +47,6 @@ TEMPLATE = "report.html.j2"
 
 
 # ---------------------------------------------------------------- report.json
-
-
-def _dig(data: Any, *keys: str) -> Any:
-    """data[k0][k1]...; None where a section is missing or is a probe error ({"error": ...})."""
-    for key in keys:
-        if not isinstance(data, dict):
-            return None
-        data = data.get(key)
-    return data
-
-
-def _triton_version(manifest: dict[str, Any]) -> str | None:
-    imported = _dig(manifest, "triton", "import", "version")
-    if imported:
-        return imported
-    # not importable (e.g. no driver): the installed distribution still says which version it is
-    distributions = _dig(manifest, "triton", "distributions")
-    if isinstance(distributions, dict) and distributions:
-        return next(iter(distributions.values()))
-    return None
-
-
-def versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
-    found = {key: _dig(manifest, *path) for key, path in VERSION_PATHS.items()}
-    found["triton"] = _triton_version(manifest or {})
-    return {key: (str(found[key]) if found[key] is not None else None) for key in VERSION_KEYS}
 
 
 def _resolution_entry(record: dict[str, Any]) -> dict[str, Any]:
@@ -163,25 +116,40 @@ def bench_rows(bench: Any, problems: list[str]) -> list[dict[str, Any]] | None:
     return rows
 
 
+def _kind(device: str | None) -> devices.DeviceKind | None:
+    """The device kind, or None for one this version does not know (results of a newer one)."""
+    return devices.KINDS.get(device or "")
+
+
+def _accelerator(device: str | None) -> devices.DeviceKind | None:
+    kind = _kind(device)
+    return kind if kind is not None and kind.accelerator else None
+
+
 def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
-    """The cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU cell run without
-    the NPU visible has cpu records only); a cell that resolved nothing keeps its own device kind."""
+    """The torch device of the cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU
+    cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own."""
+    kind = _kind(device)
     if not resolution:
-        return device or "cpu"
-    if device in ACCELERATORS and any(device in per_device for per_device in resolution.values()):
-        return device
+        return kind.torch_type if kind else device or "cpu"
+    accelerator = _accelerator(device)
+    if accelerator and any(accelerator.torch_type in per_device for per_device in resolution.values()):
+        return accelerator.torch_type
     return "cpu"
 
 
 def expectations(cell: Cell | None, entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each expected resolution with what resolved; ok is None (not checked) where the cell resolved
+    nothing: a cell that did not run has shown neither that it meets them nor that it does not."""
     if cell is None:
         return []
     device = primary_device(entry["device"], entry["resolution"])
+    ran = entry["status"] not in NOT_RAN and bool(entry["resolution"])
     checked = []
     for expect in cell.expect:
         actual = entry["resolution"].get(expect.op, {}).get(device, {})
         backend, route = actual.get("backend"), actual.get("route")
-        ok = entry["status"] != "not_run" and backend == expect.backend and expect.route in (None, route)
+        ok = (backend == expect.backend and expect.route in (None, route)) if ran else None
         checked.append(
             {
                 "op": expect.op,
@@ -208,8 +176,16 @@ def _status(outcome: dict[str, Any] | None, problems: list[str]) -> tuple[str, s
     return status, reason
 
 
-def _not_run(cell: Cell) -> CellResults:
-    return CellResults(name=cell.name, outcome={"status": "not_run", "reason": NOT_RUN_REASON})
+def _never_run(cell: Cell) -> CellResults:
+    reason = f"{NEVER_RUN}; {devices.needs_text(cell.device, cell.runtime)}"
+    return CellResults(name=cell.name, outcome={"status": "not_run", "reason": reason})
+
+
+def cards(device: str | None, manifest: dict[str, Any] | None) -> list[str]:
+    """The names of the cards of the cell's kind its probe saw (e.g. NVIDIA H200)."""
+    accelerator = _accelerator(device)
+    found = dig(manifest, "devices", accelerator.torch_type, "devices") if accelerator else None
+    return [str(d["name"]) for d in found or [] if isinstance(d, dict) and d.get("name")]
 
 
 def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
@@ -220,13 +196,17 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
     # last, so that it sees every problem found while reading the cell
     status, reason = _status(outcome, problems)
     known = outcome or {}
+    device = known.get("device") or (cell.device if cell else None)
     entry: dict[str, Any] = {
         "name": results.name,
         "status": status,
         "reason": reason,
-        "device": known.get("device") or (cell.device if cell else None),
+        "device": device,
         "runtime": known.get("runtime") or (cell.runtime if cell else None),
-        "real_hardware": bool(known.get("real_hardware", False)),
+        "matrix_runtime": known.get("matrix_runtime") or (cell.runtime if cell else None),
+        # whether the tests ran on the real device: unknown (None) for a cell that never ran them
+        "real_hardware": None if status in NOT_RAN else bool(known.get("real_hardware", False)),
+        "cards": cards(device, results.manifest),
         "stand_ins": list(known.get("stand_ins") or []),
         "duration_s": known.get("duration_s"),
         "image": known.get("image"),
@@ -235,6 +215,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
         "log_tail": known.get("log_tail"),
         "lock": known.get("lock"),
         "versions": versions(results.manifest),
+        "pin_differences": known.get("pin_differences"),
         "resolution": resolution,
         "families": family_counts(results.tests),
         "failures": failures(results.tests),
@@ -253,7 +234,7 @@ def _is_report_dir(directory: Path) -> bool:
 
 def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, Any]:
     found = {r.name: r for r in read_results(results_root) if not _is_report_dir(results_root / r.name)}
-    cells = [cell_entry(found.pop(c.name, None) or _not_run(c), c) for c in (matrix.cells if matrix else ())]
+    cells = [cell_entry(found.pop(c.name, None) or _never_run(c), c) for c in (matrix.cells if matrix else ())]
     cells += [cell_entry(found[name], None) for name in sorted(found)]
     return {
         "schema": SCHEMA,
@@ -272,7 +253,36 @@ def cell_primary_device(cell: dict[str, Any]) -> str:
 
 def accelerator_missing(cell: dict[str, Any]) -> bool:
     """An accelerator cell whose resolutions are cpu ones: its device was not visible where it ran."""
-    return cell.get("device") in ACCELERATORS and cell_primary_device(cell) == "cpu"
+    return _accelerator(cell.get("device")) is not None and cell_primary_device(cell) == "cpu"
+
+
+def card_text(cell: dict[str, Any]) -> str | None:
+    """`NVIDIA H200`, or `8 × NVIDIA H200`: the cards the cell ran on."""
+    counted = Counter(cell.get("cards") or [])
+    return ", ".join(name if n == 1 else f"{n} × {name}" for name, n in counted.items()) or None
+
+
+def lock_text(cell: dict[str, Any]) -> str | None:
+    """The start of the lock's digest, enough to tell two images' package sets apart at a glance."""
+    lock = cell.get("lock")
+    digest = lock.get("digest") if isinstance(lock, dict) else None
+    return digest.removeprefix("sha256:")[:12] if isinstance(digest, str) else None
+
+
+def runtime_text(cell: dict[str, Any]) -> str | None:
+    """The runtime the cell ran in, and matrix.yaml's where that is another."""
+    runtime, own = cell.get("runtime"), cell.get("matrix_runtime")
+    return f"{runtime} (matrix.yaml: {own})" if own and runtime != own else runtime
+
+
+def pin_text(cell: dict[str, Any], difference: dict[str, Any]) -> str:
+    """`host torch 2.11.0, cell pins 2.13.0`."""
+    where = "host" if cell.get("runtime") == "host" else "image"
+    return f"{where} {difference.get('package')} {difference.get('found')}, cell pins {difference.get('pinned')}"
+
+
+def expectation_state(expect: dict[str, Any]) -> str:
+    return {True: "met", False: "not met"}.get(expect.get("ok"), "not checked")
 
 
 def route_text(entry: dict[str, Any] | None) -> str:
@@ -328,11 +338,7 @@ def version_columns(report: dict[str, Any]) -> list[str]:
 
 def hardware_note(cell: dict[str, Any]) -> str | None:
     # a cell that never got to run its tests ran them on nothing, real or not
-    if (
-        cell.get("device") not in ACCELERATORS
-        or cell.get("real_hardware")
-        or cell["status"] in ("not_run", "build_failed")
-    ):
+    if _accelerator(cell.get("device")) is None or cell.get("real_hardware") or cell["status"] in NOT_RAN:
         return None
     stand_ins = cell.get("stand_ins") or []
     if stand_ins:
@@ -387,13 +393,16 @@ def _md_summary(report: dict[str, Any]) -> list[str]:
             c["name"],
             f"{STATUS_ICONS.get(c['status'], '')} {c['status']}",
             c.get("device"),
-            c.get("runtime"),
+            card_text(c),
+            runtime_text(c),
+            lock_text(c),
             _duration(c.get("duration_s")),
             c.get("reason"),
         ]
         for c in report["cells"]
     ]
-    return ["## Cells", "", *md_table(["cell", "status", "device", "runtime", "duration", "reason"], rows)]
+    header = ["cell", "status", "device", "card", "runtime", "lock", "duration", "reason"]
+    return ["## Cells", "", *md_table(header, rows)]
 
 
 def _md_resolution(report: dict[str, Any]) -> list[str]:
@@ -433,6 +442,24 @@ def _md_versions(report: dict[str, Any]) -> list[str]:
     return ["## Versions", "", *md_table(["cell", *columns], rows)]
 
 
+def _md_pins(report: dict[str, Any]) -> list[str]:
+    """Cells that ran outside their image, or whose environment lacked a pin: what they ran is not what
+    the cell pins, and their results are read with that in mind."""
+    lines = []
+    for cell in report["cells"]:
+        differences = cell.get("pin_differences")
+        outside = cell.get("matrix_runtime") not in (None, cell.get("runtime")) and cell["status"] not in NOT_RAN
+        if not (differences or outside):
+            continue
+        head = f"- **{cell['name']}**" + (f" (runtime {runtime_text(cell)})" if outside else "")
+        if differences is None:
+            text = "pins not compared: no manifest"
+        else:
+            text = "; ".join(pin_text(cell, d) for d in differences) or "every pin matches"
+        lines.append(f"{head}: {md_cell(text)}")
+    return ["## Differences from the pins", "", *lines, ""] if lines else []
+
+
 def _md_not_run(report: dict[str, Any]) -> list[str]:
     cells = [c for c in report["cells"] if c["status"] == "not_run"]
     if not cells:
@@ -446,7 +473,7 @@ def _md_notes(report: dict[str, Any]) -> list[str]:
     for cell in report["cells"]:
         notes = [f"problem: {p}" for p in cell.get("problems") or []]
         if cell["status"] != "not_run":
-            unmet = [e for e in cell.get("expectations") or [] if not e["ok"]]
+            unmet = [e for e in cell.get("expectations") or [] if e["ok"] is False]
             notes += [f"expectation not met: {expectation_text(e)}" for e in unmet]
         if note := hardware_note(cell):
             notes.append(note)
@@ -491,6 +518,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         _md_families,
         _md_versions,
         speed.markdown,
+        _md_pins,
         _md_not_run,
         _md_notes,
         _md_failures,
@@ -567,6 +595,11 @@ def _html_environment():
         resolution_state=resolution_state,
         hardware_note=hardware_note,
         expectation_text=expectation_text,
+        expectation_state=expectation_state,
+        card_text=card_text,
+        runtime_text=runtime_text,
+        lock_text=lock_text,
+        pin_text=pin_text,
         primary_device=cell_primary_device,
         accelerator_missing=accelerator_missing,
     )

@@ -1,7 +1,8 @@
 """What a cell leaves under results/<cell>/ and how it is read back.
 
     cell.json        the outcome (always written, whatever happened): status, reason, timings, image,
-                     exit code, log tail, whether it ran on real accelerator hardware or with stand-ins
+                     exit code, log tail, whether it ran on real accelerator hardware or with stand-ins,
+                     the runtime it ran in beside matrix.yaml's, and its pins that the environment lacked
     manifest.json    `python -m gdn.probe --json` inside the cell (versions, devices, resolutions)
     resolution.json  the resolution records alone (gdn.resolutions())
     junit.xml        pytest --junitxml
@@ -45,13 +46,26 @@ def write_json(path: Path, payload: Any) -> None:
 
 
 @dataclass
+class PinDifference:
+    """A pin of the cell (matrix.yaml `versions`) that the environment it ran in does not have."""
+
+    package: str
+    pinned: str
+    # the version found, "not installed", or "unknown (...)" where the probe could not tell
+    found: str
+
+
+@dataclass
 class CellOutcome:
     """cell.json."""
 
     cell: str
     status: Status
     device: str
+    # the runtime the cell ran in, and the one matrix.yaml gives it (they differ for a docker cell run
+    # on the host: then its results are the host's, not its image's)
     runtime: str
+    matrix_runtime: str | None = None
     reason: str | None = None
     started_at: str | None = None
     finished_at: str | None = None
@@ -65,6 +79,8 @@ class CellOutcome:
     families: list[str] = field(default_factory=list)
     # the cell's lock as the report shows it: {"digest": "sha256:...", "packages": {name: version}}
     lock: dict[str, Any] | None = None
+    # None: not compared (no manifest: the cell did not get to its probe)
+    pin_differences: list[PinDifference] | None = None
     schema: int = SCHEMA
 
     def write(self, directory: Path) -> None:

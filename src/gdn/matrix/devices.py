@@ -1,0 +1,154 @@
+"""The device kinds a cell can run on, one entry each: what torch calls the device, the file that says a
+machine has one, how a container gets it, the CI runners that carry it, the platform its wheels are
+locked for, and what a cell of the kind needs. Config, the cell runner, images and the report read this
+table and nothing else about devices, so a new kind (ROCm, say) is one entry in KINDS.
+
+It imports nothing from the rest of the matrix: every other matrix module may import it."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Where the host's /dev, driver and /etc are found; tests point it at a fake tree.
+HOST_ROOT_ENV = "GDN_HOST_ROOT"
+DOCKER_NEED = "a docker engine"
+
+NPU_CARD = re.compile(r"davinci(\d+)")
+NPU_CONTROL_DEVICES = ("dev/davinci_manager", "dev/devmm_svm", "dev/hisi_hdc")
+NPU_DRIVER_MOUNTS = (
+    "usr/local/dcmi",
+    "usr/local/bin/npu-smi",
+    "usr/local/Ascend/driver/lib64",
+    "usr/local/Ascend/driver/version.info",
+    "etc/ascend_install.info",
+)
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """A docker device request (`--gpus all` is count -1 with the `gpu` capability)."""
+
+    count: int
+    capabilities: tuple[tuple[str, ...], ...]
+
+
+@dataclass(frozen=True)
+class ContainerAccess:
+    """What a container needs to use the device: device nodes (`host:container:rwm`), a device request,
+    read-only mounts (host path -> container path), environment, and extra groups of its user."""
+
+    devices: tuple[str, ...] = ()
+    gpu_request: GpuRequest | None = None
+    mounts: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+    group_add: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class DeviceKind:
+    name: str
+    torch_type: str
+    # Present on a machine that has the device; None: every machine has it.
+    host_marker: Path | None
+    container: Callable[[Path], ContainerAccess]
+    runner_labels: tuple[str, ...]
+    lock_platform: str
+    # What a cell of this kind needs beyond its runtime, as the end of "needs ...".
+    needs: str | None
+
+    @property
+    def accelerator(self) -> bool:
+        return self.host_marker is not None
+
+    def absent_reason(self, host_root: Path | None = None) -> str | None:
+        """Why a cell of this kind cannot run on this machine, or None when it can."""
+        if self.host_marker is None or (host_root_of(host_root) / self.host_marker.relative_to("/")).exists():
+            return None
+        return f"{self.host_marker} is absent on this machine: {self.name} cells need {self.needs}"
+
+
+def host_root_of(host_root: Path | None = None) -> Path:
+    return host_root or Path(os.environ.get(HOST_ROOT_ENV) or "/")
+
+
+def npu_cards(host_root: Path | None = None) -> list[int]:
+    root = host_root_of(host_root)
+    found = (NPU_CARD.fullmatch(path.name) for path in (root / "dev").glob("davinci[0-9]*"))
+    return sorted(int(match.group(1)) for match in found if match)
+
+
+def _npu_access(root: Path) -> ContainerAccess:
+    cards = npu_cards(root)
+    devices = [root / "dev" / f"davinci{card}" for card in cards]
+    devices += [root / rel for rel in NPU_CONTROL_DEVICES if (root / rel).exists()]
+    visible = os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or ",".join(map(str, cards))
+    # The devices keep the host's owner in the container: usually the driver's HwHiAiUser group,
+    # which the image's non-root user has to join to open them (root's group is never added).
+    groups = sorted({device.stat().st_gid for device in devices} - {0})
+    return ContainerAccess(
+        devices=tuple(f"{device}:/{device.relative_to(root)}:rwm" for device in devices),
+        mounts={str(root / rel): f"/{rel}" for rel in NPU_DRIVER_MOUNTS if (root / rel).exists()},
+        environment={"ASCEND_RT_VISIBLE_DEVICES": visible} if visible else {},
+        group_add=tuple(str(gid) for gid in groups),
+    )
+
+
+def _gpu_access(_root: Path) -> ContainerAccess:
+    return ContainerAccess(gpu_request=GpuRequest(count=-1, capabilities=(("gpu",),)))
+
+
+def _no_access(_root: Path) -> ContainerAccess:
+    return ContainerAccess()
+
+
+KINDS: dict[str, DeviceKind] = {
+    kind.name: kind
+    for kind in (
+        DeviceKind(
+            name="cpu",
+            torch_type="cpu",
+            host_marker=None,
+            container=_no_access,
+            runner_labels=("ubuntu-24.04",),
+            lock_platform="x86_64-manylinux_2_28",
+            needs=None,
+        ),
+        DeviceKind(
+            name="cuda",
+            torch_type="cuda",
+            host_marker=Path("/dev/nvidiactl"),
+            container=_gpu_access,
+            runner_labels=("self-hosted", "linux", "x64", "gpu"),
+            lock_platform="x86_64-manylinux_2_28",
+            needs="an NVIDIA GPU (/dev/nvidiactl)",
+        ),
+        DeviceKind(
+            name="npu",
+            torch_type="npu",
+            host_marker=Path("/dev/davinci_manager"),
+            container=_npu_access,
+            runner_labels=("self-hosted", "linux-aarch64-a2-1"),
+            lock_platform="aarch64-manylinux_2_28",
+            needs="an Ascend NPU runner (/dev/davinci_manager)",
+        ),
+    )
+}
+
+
+def kind(name: str) -> DeviceKind:
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise ValueError(f"unknown device kind {name!r}; expected one of {list(KINDS)}") from None
+
+
+def needs_text(device: str, runtime: str) -> str:
+    """What a cell needs in order to run: its device and, in a container, a docker engine."""
+    needs = [need for need in (kind(device).needs, DOCKER_NEED if runtime == "docker" else None) if need]
+    if not needs:
+        return "needs only a Python environment with gdn installed"
+    return "needs " + " and ".join(needs)
