@@ -77,8 +77,7 @@ MACHINES = {
     "26.6-on-a-cuda-machine": harness.TESTS / "standins" / "machines" / "cuda",
     "26.6-on-an-npu-machine": harness.TESTS / "standins" / "machines" / "npu",
 }
-for run in MACHINES:
-    EXPECTED[run] = EXPECTED[RUNS[run][0]]
+EXPECTED |= {name: EXPECTED[RUNS[name][0]] for name in MACHINES}
 
 # run -> check name -> verdict, in the probe manifest
 CHECKS = {
@@ -103,8 +102,7 @@ CHECKS = {
     "26.10-broken-conv-no-legacy": {"fla_npu_composite_fwd": "n/a", f"ascendc_route:{CONV}": "fail"},
     "strict": {f"ascendc_route:{CONV}": "fail", "fla_npu_composite_fwd": "fail"},
 }
-for run in MACHINES:
-    CHECKS[run] = CHECKS[RUNS[run][0]]
+CHECKS |= {name: CHECKS[RUNS[name][0]] for name in MACHINES}
 PARITY_TOL = 1.2e-2  # the kernels run in bf16 (see test_ascendc_adapters.py)
 
 
