@@ -11,6 +11,7 @@ are covered by the probe family there (tests/test_probe.py).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from typing import Any
 
@@ -34,6 +35,8 @@ PROBE_FAILED = "numeric conv probe failed: ones.out: all zeros where the referen
 # what can share one: GDN_NPU_FUSED_FWD=1 without the composite rides with the broken stable conv.
 RUNS = {
     "26.6": ("26.6", {}),
+    "26.6-on-a-cuda-machine": ("26.6", {}),
+    "26.6-on-an-npu-machine": ("26.6", {}),
     "26.10-composite": ("26.10-composite", {}),
     "26.10-broken-conv-fused-fwd-1": ("26.10-broken-conv", {"GDN_NPU_FUSED_FWD": "1"}),
     "26.10-broken-conv-no-legacy": ("26.10-broken-conv-no-legacy", {}),
@@ -68,6 +71,13 @@ EXPECTED: dict[str, dict[str, tuple[str | None, dict[str, str]]]] = {
     },
 }
 EXPECTED["strict"] = EXPECTED["26.10-broken-conv-no-legacy"]
+# runs whose child believes it is on an accelerator machine (tests/standins/machines), so that a CPU
+# machine shows what the scenarios meet on a GPU or an NPU cell
+MACHINES = {
+    "26.6-on-a-cuda-machine": harness.TESTS / "standins" / "machines" / "cuda",
+    "26.6-on-an-npu-machine": harness.TESTS / "standins" / "machines" / "npu",
+}
+EXPECTED |= {name: EXPECTED[RUNS[name][0]] for name in MACHINES}
 
 # run -> check name -> verdict, in the probe manifest
 CHECKS = {
@@ -92,6 +102,7 @@ CHECKS = {
     "26.10-broken-conv-no-legacy": {"fla_npu_composite_fwd": "n/a", f"ascendc_route:{CONV}": "fail"},
     "strict": {f"ascendc_route:{CONV}": "fail", "fla_npu_composite_fwd": "fail"},
 }
+CHECKS |= {name: CHECKS[RUNS[name][0]] for name in MACHINES}
 PARITY_TOL = 1.2e-2  # the kernels run in bf16 (see test_ascendc_adapters.py)
 
 
@@ -103,6 +114,8 @@ def outcome(tmp_path_factory):
         if run not in cache:
             profile, extra = RUNS[run]
             env = harness.environment(tmp_path_factory.mktemp(run), profile, **extra)
+            if run in MACHINES:
+                env["PYTHONPATH"] = os.pathsep.join([str(MACHINES[run]), env["PYTHONPATH"]])
             cache[run] = harness.run_json(env, "standins.scenario")
         return cache[run]
 
@@ -146,6 +159,10 @@ def test_each_generation_resolves_reports_and_computes_through_its_routes(outcom
     assert manifest["fla_npu"]["distribution"]["version"] == profile.version
     verdicts = {c["name"]: c["verdict"] for c in manifest["checks"]}
     assert {name: verdicts[name] for name in CHECKS[run]} == CHECKS[run]
+    # the child sees the stand-in's device and no other, whatever the machine has: where a real GPU
+    # shows, every op resolves on cuda too, and the stand-in routes serve none of them there
+    assert manifest["devices"]["cuda"] == {"available": False, "count": 0, "devices": []}
+    assert {r["device"] for r in manifest["resolution"]} == {"cpu"}
     in_manifest = routes_of(manifest["resolution"])
     assert {op: in_manifest[op] for op in served} == served
 

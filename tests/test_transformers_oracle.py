@@ -18,13 +18,27 @@ transformers = pytest.importorskip("transformers", reason="transformers is the o
 pytestmark = pytest.mark.single_op
 
 MODELING = ["qwen3_5", "qwen3_next"]
+# Up to about 5.14 the conv names are the causal-conv1d package's CUDA kernels, None without that
+# package, and the layer runs torch code of its own instead: `torch_causal_conv1d_update`, and for the
+# whole-sequence conv an inline nn.Conv1d call that no function exposes.
+TORCH_FALLBACKS = {"causal_conv1d_update": "torch_causal_conv1d_update"}
 
 
 def torch_function(model: str, name: str):
     module = pytest.importorskip(f"transformers.models.{model}.modeling_{model}")
     if not hasattr(module, name):
         pytest.skip(f"transformers {transformers.__version__} has no {model}.{name}")
-    return inspect.unwrap(getattr(module, name))
+    fn = getattr(module, name)
+    if fn is None or inspect.unwrap(fn).__module__ != module.__name__:  # not transformers' torch code
+        fallback = TORCH_FALLBACKS.get(name)
+        if fallback is None or not hasattr(module, fallback):
+            pytest.skip(
+                f"transformers {transformers.__version__}: {model}.{name} is "
+                f"{'None' if fn is None else fn.__module__ + '.' + fn.__qualname__}, and the layer's torch "
+                "fallback is inline code, not a function to compare with"
+            )
+        fn = getattr(module, fallback)
+    return inspect.unwrap(fn)
 
 
 def gdn_inputs(gen, B=2, T=100, H=2, HV=4, K=32, V=48):

@@ -33,6 +33,12 @@ CONTROLLED = (
     profiles.ENV,
     profiles.TORCH_NPU_ENV,
 )
+# The child sees the stand-in's device and nothing else, whatever accelerators the machine has: with a
+# GPU visible, the manifest would also resolve every op on cuda, where the stand-in routes cannot
+# serve. `import torch` autoloads the torch_npu distribution's entry point (torch_npu:_autoload),
+# which would find the stand-in module, which has none, and fail the import; the stand-in is loaded
+# by its own import instead.
+HIDDEN_DEVICES = {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": "", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
 
 
 def environment(root: Path, profile: str | None, *, cann: bool = True, **extra: str) -> dict[str, str]:
@@ -60,7 +66,7 @@ def environment(root: Path, profile: str | None, *, cann: bool = True, **extra: 
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [os.environ.get("PYTHONPATH")])])
     # the tensors are tiny: intra-op threads only add spin-waits, badly so on a busy machine
     env["OMP_NUM_THREADS"] = "1"
-    return env | extra
+    return env | HIDDEN_DEVICES | extra
 
 
 def run_json(env: dict[str, str], *module_args: str) -> dict[str, Any]:
