@@ -6,8 +6,10 @@ Ops: chunk_gated_delta_rule forward and forward+backward at (B, T, H, HV, K=V) =
 and (4, 4096, 16, 32, 128), bf16, q/k l2norm in the kernel; the state-pool decode
 (fused_recurrent_gated_delta_rule_update, one token per sequence) at B = 64 and 256. A backend that is
 unavailable or rejected for an op gets a row with the resolver's reason instead of a time; once the
-budget (--budget-s, default 180 s) is spent, the rows not yet timed say so. The first call of each pass
-is timed on its own (first_call_s): it carries compilation and autotuning, a user's cold start.
+budget (--budget-s, default 180 s) is spent, the rows not yet timed say so: the budget is a hard limit,
+a timer interrupts the call in progress (a peer's first call can autotune or JIT-compile for minutes).
+gdn's own backends are timed first, the peers after them. The first call of each pass is timed on its
+own (first_call_s): it carries compilation and autotuning, a user's cold start.
 
 Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
 with the guard lifted and its rows say that its gradients are not to be trusted there.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +46,14 @@ BUDGET_S = 180.0
 # backend of every shape fits the cell's three minutes (eager's 35 ms fwd+bwd still gets 3 repeats)
 WARMUP_MS, REP_MS = 25, 100
 COLUMNS = ["op", "shape", "pass", "backend", "implementation", "ms", "ratio", "peak_gib", "first_call_s", "reason"]
+# external libraries' adapters: timed after gdn's own backends, since their first calls may autotune or
+# compile for minutes and the budget must not go to them before gdn's rows exist
+PEERS = ("fla", "flashqla")
+
+
+class BudgetSpent(BaseException):
+    """Raised by the bench's timer inside a timed call; BaseException so that no handler of a
+    backend's own errors swallows it."""
 
 
 def accelerator() -> str | None:
@@ -60,6 +71,11 @@ def serving(device: str) -> list[str]:
     """The registered backends that serve the device type, eager last."""
     names = [name for name, b in backends().items() if device in b.devices and name != "eager"]
     return [*names, "eager"]
+
+
+def timing_order(names: list[str]) -> list[str]:
+    """gdn's own backends first, then the peers, each group in the resolver's order."""
+    return sorted(names, key=lambda name: name in PEERS)
 
 
 def fla_kernel() -> tuple[str | None, bool]:
@@ -81,6 +97,25 @@ class Cell:
         self.started = time.monotonic()
         self.rows: list[BenchRow] = []
         self.fla_chunk, self.fla_guard_blocks = fla_kernel()
+        self.spent = False
+        self.measuring = False
+
+    @contextlib.contextmanager
+    def deadline(self) -> Iterator[None]:
+        """A timer that ends the budget wherever the bench is: inside a measurement it interrupts the call."""
+
+        def expire(_signum, _frame) -> None:
+            self.spent = True
+            if self.measuring:
+                raise BudgetSpent
+
+        previous = signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, max(self.budget_s - self.elapsed(), 0.001))
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -112,19 +147,29 @@ class Cell:
         return route, None
 
     def measure(self, backend: str, op: str, shape: dict[str, int], passes: dict[str, Callable[[], object]], grads):
-        over = self.elapsed() > self.budget_s
         with self.peer_context(backend, op) as note:
-            route, reason = (None, None) if over else self.implementation(backend, op)
-            if over:
-                reason = f"not timed: the bench budget of {self.budget_s:.0f} s was spent"
+            route = reason = None
             for name, fn in passes.items():
-                row = BenchRow(op, backend, shape, name, implementation=route, reason=reason, note=note)
-                if reason is None and name == "fwd+bwd" and op in backends()[backend].forward_only:
-                    row.reason = "forward-only kernel: calls that need gradients run eager"
-                if row.reason is None:
-                    self.time_pass(row, fn, grads)
+                row = BenchRow(op, backend, shape, name, note=note)
+                self.measuring = True
+                try:
+                    if not self.spent and route is None and reason is None:
+                        route, reason = self.implementation(backend, op)
+                    if not self.spent:
+                        row.implementation, row.reason = route, reason
+                        if reason is None and name == "fwd+bwd" and op in backends()[backend].forward_only:
+                            row.reason = "forward-only kernel: calls that need gradients run eager"
+                        if row.reason is None:
+                            self.time_pass(row, fn, grads)
+                except BudgetSpent:
+                    row.ms = row.peak_gib = row.first_call_s = None
+                finally:
+                    self.measuring = False
+                if self.spent and row.ms is None and row.reason is None:
+                    row.implementation = route
+                    row.reason = f"not timed: the bench budget of {self.budget_s:.0f} s was spent"
                 self.rows.append(row)
-                print_table([_printable(row)], COLUMNS)
+                print_row(_printable(row))
 
     def time_pass(self, row: BenchRow, fn: Callable[[], object], grads) -> None:
         with compute_mode_override(row.backend):
@@ -139,7 +184,7 @@ class Cell:
                 row.ms = row.peak_gib = None
                 row.reason = f"raised {type(exc).__name__}: {str(exc)[:300]}"
 
-    def chunk(self, B: int, T: int, H: int, HV: int, D: int) -> None:
+    def chunk(self, backend: str, B: int, T: int, H: int, HV: int, D: int) -> None:
         inputs = chunk_inputs(B, T, H, HV, D, device=self.device)
         do = torch.randn(B, T, HV, D, device=self.device, dtype=torch.bfloat16)
 
@@ -155,11 +200,10 @@ class Cell:
             out.backward(do)
 
         shape = {"B": B, "T": T, "H": H, "HV": HV, "K": D, "V": D}
-        for backend in serving(self.device):
-            self.measure(backend, CHUNK, shape, {"fwd": fwd, "fwd+bwd": fwd_bwd}, inputs)
+        self.measure(backend, CHUNK, shape, {"fwd": fwd, "fwd+bwd": fwd_bwd}, inputs)
         getattr(torch, self.device).empty_cache()
 
-    def decode(self, B: int) -> None:
+    def decode(self, backend: str, B: int) -> None:
         H, HV, D = DECODE_HEADS
         inputs, pool, indices = pool_decode_inputs(B, H, HV, D, D, device=self.device)
 
@@ -167,8 +211,7 @@ class Cell:
             return gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
 
         shape = {"B": B, "H": H, "HV": HV, "K": D, "V": D}
-        for backend in serving(self.device):
-            self.measure(backend, DECODE, shape, {"decode": step}, None)
+        self.measure(backend, DECODE, shape, {"decode": step}, None)
 
     def rank(self) -> None:
         fastest: dict[tuple[str, str, str], float] = {}
@@ -181,16 +224,28 @@ class Cell:
                 row.ratio_to_fastest = round(row.ms / fastest[(row.op, shape_text(row.shape), row.pass_)], 3)
 
 
+ROW_WIDTHS = (24, 32, 8, 9, 28, 9, 6, 9, 13)
+
+
+def print_row(row: dict) -> None:
+    """One row as it is measured, in fixed columns under print_header's names (a long wait shows where)."""
+    cells = [f"{row.get(c) if row.get(c) is not None else ''}" for c in COLUMNS]
+    print("  ".join(c.ljust(w) for c, w in zip(cells, (*ROW_WIDTHS, 0), strict=True)).rstrip(), flush=True)
+
+
 def _printable(row: BenchRow) -> dict:
     return {**row.to_json(), "shape": shape_text(row.shape), "ratio": row.ratio_to_fastest}
 
 
 def run(device: str, budget_s: float) -> BenchFile:
     cell = Cell(device, budget_s)
-    for shape in CHUNK_SHAPES:
-        cell.chunk(*shape)
-    for B in DECODE_BATCHES:
-        cell.decode(B)
+    print_row({c: c for c in COLUMNS})
+    with cell.deadline():
+        for backend in timing_order(serving(device)):
+            for shape in CHUNK_SHAPES:
+                cell.chunk(backend, *shape)
+            for B in DECODE_BATCHES:
+                cell.decode(backend, B)
     cell.rank()
     env = environment("fla-core", "flash-qla", "tilelang", device=device)
     return BenchFile(environment=env, rows=cell.rows, budget_s=budget_s, elapsed_s=round(cell.elapsed(), 1))

@@ -34,3 +34,32 @@ def test_the_cell_entry_runs_bench_cell(tmp_path, monkeypatch):
     [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].startswith("bench")]
     assert bench[bench.index("-m") + 1] == "bench.cell"
     assert bench[-2:] == ["--matrix-out", str(tmp_path / "bench.json")]
+
+
+def test_peers_are_timed_after_gdns_own_backends():
+    from bench import cell
+
+    assert cell.timing_order(["triton", "fla", "flashqla", "eager"]) == ["triton", "eager", "fla", "flashqla"]
+
+
+def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatch):
+    """A peer whose first call autotunes for minutes must not hold the cell past its budget."""
+    import time
+
+    from bench import cell
+
+    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    bench = cell.Cell("cpu", budget_s=0.5)
+    monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
+    started = time.monotonic()
+    with bench.deadline():
+        bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}, None)
+        bench.measure("flashqla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
+    assert time.monotonic() - started < 5
+    assert [(r.backend, r.pass_, r.ms) for r in bench.rows] == [
+        ("fla", "fwd", None),
+        ("fla", "fwd+bwd", None),
+        ("flashqla", "fwd", None),
+    ]
+    assert all(r.reason == "not timed: the bench budget of 0 s was spent" for r in bench.rows)
+    assert bench.rows[0].implementation == "fla:route"

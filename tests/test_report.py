@@ -558,7 +558,8 @@ def test_markdown(report):
         _md_row(cells, "cuda-build")
         == "| cuda-build | 🧱 build_failed | cuda | — | docker | — | — | docker build exited 1 |"
     )
-    assert _md_row(cells, "cpu-timeout") == "| cpu-timeout | ⏱️ timeout | cpu | — | host | — | 60 s | timed out after 60 s |"
+    timeout_row = "| cpu-timeout | ⏱️ timeout | cpu | — | host | — | 60 s | timed out after 60 s |"
+    assert _md_row(cells, "cpu-timeout") == timeout_row
 
     routes = _md_section(md, "Resolved backends")
     assert "| cell | " + " | ".join(OP_NAMES) + " |" in routes
