@@ -166,8 +166,10 @@ class Cell:
                 finally:
                     self.measuring = False
                 if self.spent and row.ms is None and row.reason is None:
+                    # a backend that is not there at all says so rather than blaming the budget
+                    missing = None if route else backends()[backend].why_unavailable(self.device)
                     row.implementation = route
-                    row.reason = f"not timed: the bench budget of {self.budget_s:.0f} s was spent"
+                    row.reason = missing or f"not timed: the bench budget of {self.budget_s:.0f} s was spent"
                 self.rows.append(row)
                 print_row(_printable(row))
 

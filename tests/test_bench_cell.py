@@ -43,7 +43,7 @@ def test_peers_are_timed_after_gdns_own_backends():
 
 
 def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatch):
-    """A peer whose first call autotunes for minutes must not hold the cell past its budget."""
+    """A first call that autotunes for minutes must not hold the cell past its budget."""
     import time
 
     from bench import cell
@@ -51,15 +51,30 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
     monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
     bench = cell.Cell("cpu", budget_s=0.5)
     monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
+    slow = {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}
     started = time.monotonic()
     with bench.deadline():
-        bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}, None)
-        bench.measure("flashqla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
+        bench.measure("eager", cell.CHUNK, {"B": 1}, slow, None)
+        bench.measure("eager", cell.CHUNK, {"B": 4}, {"fwd": lambda: None}, None)
     assert time.monotonic() - started < 5
-    assert [(r.backend, r.pass_, r.ms) for r in bench.rows] == [
-        ("fla", "fwd", None),
-        ("fla", "fwd+bwd", None),
-        ("flashqla", "fwd", None),
+    assert [(r.shape, r.pass_, r.ms) for r in bench.rows] == [
+        ({"B": 1}, "fwd", None),
+        ({"B": 1}, "fwd+bwd", None),
+        ({"B": 4}, "fwd", None),
     ]
     assert all(r.reason == "not timed: the bench budget of 0 s was spent" for r in bench.rows)
-    assert bench.rows[0].implementation == "fla:route"
+    assert bench.rows[0].implementation == "eager:route"
+
+
+def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
+    from bench import cell
+
+    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    bench = cell.Cell("cpu", budget_s=0.0)
+    bench.spent = True
+    bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
+    bench.measure("eager", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
+    fla_row, eager_row = bench.rows
+    assert fla_row.reason == cell.backends()["fla"].why_unavailable("cpu")
+    assert fla_row.reason.startswith("serves devices")
+    assert eager_row.reason == "not timed: the bench budget of 0 s was spent"
