@@ -12,8 +12,13 @@
   does. A cell that cannot run here is recorded as not run, with the reason, and the session is
   skipped. Every cell session refreshes the report under results/report/.
 - `report`: rebuild results/report/ from results/; `diff`: compare two report.json files.
+
 - `lock`: refresh the cells' lock files (`nox -s lock -- [CELL ...]`); `nox -s lock -- --check`
   proves every pin exists for its platform and every lock still fits its cell (what CI runs).
+
+The matrix is matrix.yaml, or the file $GDN_MATRIX names. When it does not load, the error is printed,
+`tests`, `lint` and `kernels` still run, and the cell sessions are replaced by one session, `matrix`,
+that fails with the error (as `report` does): a broken matrix.yaml must not hide what is wrong with it.
 
 The block above makes nox install what the matrix code needs to read matrix.yaml before it defines
 the sessions. CPU environments install torch through constraints/cpu.txt so that no multi-GB CUDA
@@ -33,12 +38,18 @@ import nox
 ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gdn.matrix.config import Cell, MatrixConfigError, load_matrix  # noqa: E402 - needs src/ on the path
+from gdn.matrix.config import MATRIX_ENV, Cell, Matrix, MatrixConfigError, load_matrix  # noqa: E402 - needs src/
 
 CPU_CONSTRAINTS = str(ROOT / "constraints" / "cpu.txt")
 RESULTS = ROOT / "results"
 REPORT = RESULTS / "report"
-MATRIX = load_matrix(ROOT / "matrix.yaml")
+MATRIX_PATH = Path(os.environ.get(MATRIX_ENV) or ROOT / "matrix.yaml")
+try:
+    MATRIX: Matrix | None = load_matrix(MATRIX_PATH)
+    MATRIX_ERROR = ""
+except MatrixConfigError as exc:
+    MATRIX, MATRIX_ERROR = None, str(exc)
+    print(f"nox: the matrix cannot be used, its cell sessions are left out: {exc}", file=sys.stderr)
 EXIT_NOT_RUN = 3  # gdn.matrix.cli: the cell could not run here
 
 nox.options.sessions = ["lint", "tests", "kernels"]
@@ -89,10 +100,16 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+def loaded_matrix(session: nox.Session) -> Matrix:
+    if MATRIX is None:
+        session.error(f"the matrix cannot be used: {MATRIX_ERROR}")
+    return MATRIX
+
+
 def refresh_report(session: nox.Session) -> None:
     from gdn.matrix.report import build_report, write_report
 
-    paths = write_report(build_report(RESULTS, MATRIX), REPORT)
+    paths = write_report(build_report(RESULTS, loaded_matrix(session)), REPORT)
     session.log("report: " + ", ".join(str(p.relative_to(ROOT)) for p in paths.values()))
 
 
@@ -129,7 +146,7 @@ def docker_cell(cell: Cell):
 
         # In the host runtime the cell runs in this interpreter's environment: the one nox runs in.
         try:
-            run_cell(MATRIX, cell, ROOT, RESULTS, echo=session.log, runtime=requested_runtime(session))
+            run_cell(loaded_matrix(session), cell, ROOT, RESULTS, echo=session.log, runtime=requested_runtime(session))
         except MatrixConfigError as exc:
             session.error(str(exc))
         finish(session, cell)
@@ -147,12 +164,19 @@ def finish(session: nox.Session, cell: Cell) -> None:
         session.error(f"cell {cell.name} {outcome['status']}{reason} (see results/report/report.md)")
 
 
-for _cell in MATRIX.cells:
+for _cell in MATRIX.cells if MATRIX else ():
     _fn = host_cell(_cell) if _cell.runtime == "host" else docker_cell(_cell)
     _fn.__doc__ = f"matrix cell ({_cell.device}, {_cell.runtime}): {_cell.description}"
     nox.session(name=_cell.name, tags=[_cell.device, _cell.runtime], python=None if _cell.runtime == "host" else False)(
         _fn
     )
+
+if MATRIX is None:
+
+    @nox.session(python=False)
+    def matrix(session: nox.Session) -> None:
+        """Stands in for the cell sessions while the matrix does not load: fails with its error."""
+        loaded_matrix(session)
 
 
 @nox.session(python=False)
@@ -166,7 +190,7 @@ def lock(session: nox.Session) -> None:
     """Refresh locks/<cell>.txt: `nox -s lock [-- CELL ...]`; check pins and locks: `nox -s lock -- --check`."""
     from gdn.matrix.lock import main as lock_main
 
-    code = lock_main(["--root", str(ROOT), "--matrix", str(ROOT / "matrix.yaml"), *session.posargs])
+    code = lock_main(["--root", str(ROOT), "--matrix", str(MATRIX_PATH), *session.posargs])
     if code:
         session.error(f"gdn-matrix lock exited with {code}")
 

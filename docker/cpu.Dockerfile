@@ -5,10 +5,6 @@ ARG BASE_IMAGE
 FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION
-# Index settings for air-gapped sites (images.py passes them when set in the environment).
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ARG PIP_TRUSTED_HOST
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -23,7 +19,7 @@ ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
 
 # A venv, since Debian's Python is externally managed (PEP 668); the base must carry the cell's Python
 # (the version reaches the check through the environment, never spliced into its code).
-# The non-root user has a fixed uid so that the host can make the results mount writable for it.
+# The non-root user has a fixed uid and gid: a root runner shares the results mount with that group.
 RUN python3 -c "import os, sys; v, w = '%d.%d' % sys.version_info[:2], os.environ['PYTHON_VERSION']; sys.exit(None if v == w else f'base image has Python {v}, the cell wants {w}')" \
     && python3 -m venv /opt/venv \
     && groupadd --gid 10001 gdn \

@@ -7,10 +7,6 @@ FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION
 ARG CUDA_VERSION
-# Index settings for air-gapped sites (images.py passes them when set in the environment).
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ARG PIP_TRUSTED_HOST
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -25,7 +21,7 @@ ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
 
 # The distribution's own Python: apt versions are not pinned since they move with every point release
 # of the base image; the cell's Python minor is asserted instead and the whole stack is pinned via pip.
-# The non-root user has a fixed uid so that the host can make the results mount writable for it.
+# The non-root user has a fixed uid and gid: a root runner shares the results mount with that group.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \

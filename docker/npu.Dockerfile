@@ -7,10 +7,6 @@ FROM ${BASE_IMAGE}
 
 ARG PYTHON_VERSION
 ARG CANN_VERSION
-# Index settings for air-gapped sites (images.py passes them when set in the environment).
-ARG PIP_INDEX_URL
-ARG PIP_EXTRA_INDEX_URL
-ARG PIP_TRUSTED_HOST
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
@@ -27,7 +23,7 @@ ENV PIP_CERT=/etc/gdn-matrix/ca-bundle.crt \
 # image tag names the Python minor, asserted here so that a wrong base fails the build, not the cell.
 # set_env.sh moved between CANN generations: whichever this image has is linked to one known path.
 # The cell command starts `python`, which not every CANN image provides beside python3.
-# The non-root user has a fixed uid so that the host can make the results mount writable for it.
+# The non-root user has a fixed uid and gid: a root runner shares the results mount with that group.
 RUN python3 -c "import os, sys; v, w = '%d.%d' % sys.version_info[:2], os.environ['PYTHON_VERSION']; sys.exit(None if v == w else f'base image has Python {v}, the cell wants {w}')" \
     && for env in /usr/local/Ascend/ascend-toolkit/set_env.sh /usr/local/Ascend/cann/set_env.sh; do \
         if [ -f "$env" ]; then ln -s "$env" /etc/cann-set_env.sh; break; fi; \

@@ -151,4 +151,5 @@ def test_one_entry_gives_the_container_its_devices(with_rocm, tmp_path):
     cell = parse_matrix({"schema": 1, "cells": [ROCM_CELL]}).cells[0]
     options = images.container_options(cell, host_root=tmp_path)
     assert options["devices"] == [f"{tmp_path}/dev/kfd:/dev/kfd:rwm", f"{tmp_path}/dev/dri:/dev/dri:rwm"]
-    assert (options["group_add"], options["device_requests"], options["volumes"]) == (["video"], [], {})
+    groups = ["video", str(images.results_gid())]
+    assert (options["group_add"], options["device_requests"], options["volumes"]) == (groups, [], {})

@@ -60,7 +60,7 @@ def test_hadolint_finds_nothing(dockerfile: Path) -> None:
 def test_build_args_match_the_dockerfile(cell) -> None:
     dockerfile = ROOT / cell.dockerfile
     declared = declared_args(dockerfile)
-    passed = set(cell.build_args) | set(images.PIP_INDEX_ENV)
+    passed = set(cell.build_args)
     assert passed <= declared, f"{cell.name}: build args {sorted(passed - declared)} are not declared"
     pinned = {name for name in declared if name.endswith("_VERSION")}
     assert pinned <= passed, f"{cell.name}: {dockerfile.name} pins {sorted(pinned - passed)} that the cell leaves unset"

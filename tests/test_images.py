@@ -20,6 +20,12 @@ pytestmark = pytest.mark.tooling
 docker = pytest.importorskip("docker", reason="the docker SDK (the matrix extra) is not installed")
 
 WHEEL = "flash_linear_attention_npu-26.10.0-py3-none-any.whl"
+BASE_ID = "sha256:" + "b" * 64
+INDEX_ENV = {
+    "PIP_INDEX_URL": "https://user:token@mirror.example/simple",
+    "PIP_EXTRA_INDEX_URL": "https://user:token@extra.example/simple",
+    "PIP_TRUSTED_HOST": "mirror.example",
+}
 LOCK_HEADER = "# cell: {cell}\n# platform: x86_64-manylinux_2_28\n# python: 3.11\n# uv: 0.13.9\n# inputs: sha256:0\n"
 
 
@@ -57,30 +63,35 @@ def inputs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path]]:
 
 @pytest.fixture(autouse=True)
 def _no_index_settings(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*images.PIP_INDEX_ENV, "ASCEND_RT_VISIBLE_DEVICES", devices.HOST_ROOT_ENV):
+    for name in (*INDEX_ENV, "ASCEND_RT_VISIBLE_DEVICES", devices.HOST_ROOT_ENV):
         monkeypatch.delenv(name, raising=False)
+
+
+def tag_of(cell: Cell, files: dict[str, Path], extras: dict[str, Path], base_id: str = BASE_ID) -> str:
+    return images.image_tag(cell, images.content_hash(cell, files, extras, base_id))
 
 
 def test_tag_is_a_stable_content_hash(inputs, tmp_path: Path) -> None:
     files, extras = inputs
-    tag = images.image_tag(make_cell(), files, extras)
+    tag = tag_of(make_cell(), files, extras)
     assert re.fullmatch(r"gdn-matrix/cpu-cell:[0-9a-f]{12}", tag)
-    assert images.image_tag(make_cell(), files, extras) == tag
+    assert tag_of(make_cell(), files, extras) == tag
     # The same wheel from another wheelhouse: same content, same image.
     moved = tmp_path / "elsewhere" / WHEEL
     moved.parent.mkdir()
     shutil.copyfile(files["wheels[0]"], moved)
-    assert images.image_tag(make_cell(), {**files, "wheels[0]": moved}, extras) == tag
+    assert tag_of(make_cell(), {**files, "wheels[0]": moved}, extras) == tag
 
 
 @pytest.mark.parametrize(
     "change",
-    ["dockerfile", "lock", "python", "base_image", "wheel_content", "wheel_name", "ca_bundle", "index_url"],
+    ["dockerfile", "lock", "python", "base_image", "base_content", "wheel_content", "wheel_name", "ca_bundle"],
 )
-def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monkeypatch, change: str) -> None:
+def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, change: str) -> None:
     files, extras = inputs
     cell = make_cell()
-    before = images.image_tag(cell, files, extras)
+    base_id = BASE_ID
+    before = tag_of(cell, files, extras)
     if change == "dockerfile":
         files["dockerfile"].write_text(files["dockerfile"].read_text() + "RUN true\n")
     elif change == "lock":
@@ -89,6 +100,8 @@ def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monke
         cell = make_cell(versions=Versions(python="3.12", torch="2.13.0", fla_npu="26.10.0"))
     elif change == "base_image":
         cell = make_cell(base_image="base:2")
+    elif change == "base_content":  # the same base tag, rebuilt or re-imported with other content
+        base_id = "sha256:" + "c" * 64
     elif change == "wheel_content":
         files["wheels[0]"].write_bytes(b"wheel v2")
     elif change == "wheel_name":
@@ -97,18 +110,7 @@ def test_tag_changes_with_what_goes_into_the_image(inputs, tmp_path: Path, monke
         files["wheels[0]"] = renamed
     elif change == "ca_bundle":
         extras["ca-bundle.crt"].write_text("another CA\n")
-    elif change == "index_url":
-        monkeypatch.setenv("PIP_INDEX_URL", "https://mirror.example/simple")
-    assert images.image_tag(cell, files, extras) != before
-
-
-def test_index_settings_are_build_args_only_when_set(monkeypatch) -> None:
-    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "")
-    # the packages reach the image through its lock, not as build args
-    expected = {"BASE_IMAGE": "base:1", "PYTHON_VERSION": "3.11"}
-    assert images.build_args(make_cell()) == expected
-    monkeypatch.setenv("PIP_TRUSTED_HOST", "mirror.example")
-    assert images.build_args(make_cell())["PIP_TRUSTED_HOST"] == "mirror.example"
+    assert tag_of(cell, files, extras, base_id) != before
 
 
 def test_context_files_are_the_host_ca_bundle(tmp_path: Path, monkeypatch) -> None:
@@ -178,7 +180,8 @@ def test_npu_container_user_joins_the_device_group(tmp_path: Path) -> None:
     root = fake_host(tmp_path)
     for name in ("davinci0", "davinci1", "davinci_manager"):
         os.chown(root / "dev" / name, -1, 1234)
-    assert images.container_options(make_cell("npu"), host_root=root)["group_add"] == ["1234"]
+    groups = images.container_options(make_cell("npu"), host_root=root)["group_add"]
+    assert groups == ["1234", str(images.results_gid())]
 
 
 def test_cuda_gets_a_gpu_request_and_no_devices(tmp_path: Path) -> None:
@@ -197,10 +200,36 @@ def test_cpu_gets_nothing_and_privileged_only_on_request(tmp_path: Path) -> None
         "device_requests": [],
         "volumes": {},
         "environment": {},
-        "group_add": [],
+        "group_add": [str(images.results_gid())],
         "privileged": False,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": 8192,
+        "mem_limit": "64g",
     }
-    assert images.container_options(make_cell("cpu", privileged=True), host_root=root)["privileged"] is True
+    privileged = images.container_options(make_cell("cpu", privileged=True), host_root=root)
+    assert privileged["privileged"] is True and privileged["cap_drop"] == []
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "npu"])
+def test_every_container_is_hardened_with_the_cells_limits(tmp_path: Path, device: str) -> None:
+    cell = make_cell(device, limits={"memory": "24g", "pids": 512})
+    options = images.container_options(cell, host_root=fake_host(tmp_path))
+    assert options["cap_drop"] == ["ALL"] and options["security_opt"] == ["no-new-privileges"]
+    assert (options["mem_limit"], options["pids_limit"]) == ("24g", 512)
+    assert str(images.results_gid()) in options["group_add"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "key"), [({"memory": "lots"}, "memory"), ({"pids": 0}, "pids"), ({"cpus": 2}, "cpus")]
+)
+def test_bad_limits_are_refused(limits: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=rf"limits\.{key}"):
+        make_cell(limits=limits)
+
+
+def test_the_results_group_is_never_root() -> None:
+    assert images.results_gid() == (os.getgid() or images.IMAGE_GID) and images.results_gid() != 0
 
 
 def test_docker_client_says_why_when_no_engine_answers(tmp_path: Path, monkeypatch) -> None:
@@ -212,13 +241,32 @@ def test_docker_client_says_why_when_no_engine_answers(tmp_path: Path, monkeypat
 
 
 class FakeAPI:
-    def __init__(self, chunks: list[dict[str, Any]], existing: set[str] = frozenset()) -> None:
-        self.chunks, self.existing, self.builds = chunks, existing, []
+    """An engine holding `existing` ({reference: inspect answer}); the base image `base:1` is there
+    unless `pullable` says it arrives on a pull."""
+
+    def __init__(
+        self,
+        chunks: list[dict[str, Any]],
+        existing: dict[str, dict] | None = None,
+        *,
+        base: bool = True,
+        pullable: bool = False,
+    ) -> None:
+        self.chunks, self.builds, self.pulls, self.pullable = chunks, [], [], pullable
+        self.existing = {"base:1": {"Id": BASE_ID}} if base else {}
+        self.existing.update(existing or {})
 
     def inspect_image(self, tag: str) -> dict:
         if tag not in self.existing:
             raise docker.errors.ImageNotFound(tag)
-        return {}
+        return self.existing[tag]
+
+    def pull(self, repository: str, tag: str | None = None) -> str:
+        self.pulls.append((repository, tag))
+        if not self.pullable:
+            raise docker.errors.APIError(f"pull access denied for {repository}")
+        self.existing[f"{repository}:{tag}"] = {"Id": BASE_ID}
+        return ""
 
     def build(self, **kwargs: Any):
         context = Path(kwargs["path"])
@@ -250,14 +298,58 @@ def test_build_streams_lines_from_a_context_of_only_the_cell_inputs(inputs, tmp_
     api = FakeAPI([{"stream": "Step 1/2 : ARG BASE_IMAGE\nStep 2/2 : FR"}, {"stream": "OM base\n"}, {"aux": {}}])
     lines: list[str] = []
     result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lines.append)
-    assert result.built and result.tag == images.image_tag(make_cell(), files, extras)
+    assert result.built and result.tag == tag_of(make_cell(), files, extras)
     assert lines == ["Step 1/2 : ARG BASE_IMAGE", "Step 2/2 : FROM base"]
     [build] = api.builds
     context = ["Dockerfile", "ca-bundle.crt", images.LOCK_IN_CONTEXT, "wheelhouse", f"wheelhouse/{WHEEL}"]
     assert build["context"] == context
     assert build["lock"] == files["lock"].read_bytes()
     assert (build["network_mode"], build["decode"], build["tag"]) == ("host", True, result.tag)
-    assert build["buildargs"] == images.build_args(make_cell())
+    assert build["buildargs"] == make_cell().build_args
+    assert build["labels"] == {images.CONTENT_LABEL: images.content_hash(make_cell(), files, extras, BASE_ID)}
+
+
+def test_index_settings_and_their_credentials_never_reach_a_build(inputs, tmp_path: Path, monkeypatch) -> None:
+    """Build args are kept in the image's history (`docker history`), for anyone who pulls it."""
+    files, extras = inputs
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    before = tag_of(make_cell(), files, extras)
+    for name, value in INDEX_ENV.items():
+        monkeypatch.setenv(name, value)
+    api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}])
+    result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
+    [build] = api.builds
+    assert not set(INDEX_ENV) & set(build["buildargs"])
+    assert not any("token" in value or "mirror" in value for value in build["buildargs"].values())
+    assert result.tag == before == tag_of(make_cell(), files, extras)
+
+
+def test_the_base_image_is_pulled_when_absent_and_its_absence_is_an_error(inputs, tmp_path: Path, monkeypatch) -> None:
+    files, extras = inputs
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}], base=False, pullable=True)
+    result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
+    assert api.pulls == [("base", "1")] and result.tag == tag_of(make_cell(), files, extras)
+    api = FakeAPI([], base=False)
+    with pytest.raises(images.ImageBuildError, match=r"cell cpu-cell: base_image base:1 .*could not be pulled"):
+        images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
+    assert api.builds == []
+
+
+def test_an_image_that_only_carries_the_tag_is_rebuilt(inputs, tmp_path: Path, monkeypatch) -> None:
+    """Anyone who can tag an image on the engine could plant one under the cell's tag."""
+    files, extras = inputs
+    monkeypatch.setattr(images, "context_files", lambda root: extras)
+    tag = tag_of(make_cell(), files, extras)
+    content = images.content_hash(make_cell(), files, extras, BASE_ID)
+    for labels in (None, {}, {images.CONTENT_LABEL: "0" * 64}, {images.CONTENT_LABEL: content[:12]}):
+        api = FakeAPI(
+            [{"stream": "Step 1/1 : FROM base\n"}], {tag: {"Id": "sha256:planted", "Config": {"Labels": labels}}}
+        )
+        lines: list[str] = []
+        result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lines.append)
+        assert result.built and len(api.builds) == 1, labels
+        assert any("rebuilding" in line for line in lines)
 
 
 def test_build_refuses_a_lock_without_a_wheelhouse_hash(inputs, tmp_path: Path, monkeypatch) -> None:
@@ -275,7 +367,8 @@ def test_build_refuses_a_lock_without_a_wheelhouse_hash(inputs, tmp_path: Path, 
 def test_build_is_skipped_when_the_tag_exists(inputs, tmp_path: Path, monkeypatch) -> None:
     files, extras = inputs
     monkeypatch.setattr(images, "context_files", lambda root: extras)
-    api = FakeAPI([], existing={images.image_tag(make_cell(), files, extras)})
+    labels = {images.CONTENT_LABEL: images.content_hash(make_cell(), files, extras, BASE_ID)}
+    api = FakeAPI([], {tag_of(make_cell(), files, extras): {"Id": "sha256:built", "Config": {"Labels": labels}}})
     result = images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=print)
     assert (result.built, api.builds) == (False, [])
 
@@ -336,7 +429,9 @@ def test_run_mounts_source_read_only_and_results_writable(tmp_path: Path) -> Non
     environment = {"PYTHONPATH": "/src/src", "PYTHONDONTWRITEBYTECODE": "1", "GDN_STRICT": "1"}
     assert client.created["environment"] == environment
     assert client.created["network_mode"] == "none"
-    assert out.stat().st_mode & 0o777 == 0o777
+    # the container's user writes through the shared group; nobody else gets in
+    assert (out.stat().st_mode & 0o7777, out.stat().st_gid) == (images.RESULTS_MODE, images.results_gid())
+    assert client.created["cap_drop"] == ["ALL"] and client.created["security_opt"] == ["no-new-privileges"]
     assert container.removed
 
 

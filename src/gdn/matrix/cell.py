@@ -184,7 +184,6 @@ def run_cell(
     as_run = cell if runtime in (None, cell.runtime) else cell.in_runtime(runtime)
     results_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=results_root, prefix=f".staging-{cell.name}-"))
-    staging.chmod(0o777)  # a container runs as its own non-root user and writes here
     outcome = CellOutcome(
         cell=cell.name,
         status="error",

@@ -3,19 +3,26 @@ the matrix (nox sessions, images, cell runner, report, CI workflow) reads.
 
 Every problem is a MatrixConfigError that names the file, the cell and the key: unknown keys,
 duplicate names, missing fields, a docker cell without a Dockerfile, a Dockerfile or wheel that is
-not on disk (checked when the cell's files are needed), an expectation naming an unknown op."""
+not on disk or lies outside the checkout / wheelhouse (checked when the cell's files are needed), an
+expectation naming an unknown op or backend, a version that is not a version, a name that is no image
+reference, runner labels that cannot reach a runner of the cell's device kind.
+
+matrix.yaml comes with a pull request, so nothing in it is trusted: versions reach image builds (they
+must never be able to carry code), paths name files copied into build contexts."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import yaml
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
-from packaging.version import Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from gdn.backend_names import BACKEND_NAMES
 from gdn.matrix import devices
 from gdn.op_names import OP_NAMES
 
@@ -38,6 +45,28 @@ WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
 
 Family = Literal["probe", "single_op", "shape_grid", "grpo"]
 Runtime = Literal["docker", "host"]
+# gdn_compute_mode inside a cell: auto or a built-in backend (gdn.resolve.modes() without torch).
+COMPUTE_MODES = ("auto", *BACKEND_NAMES)
+
+# The base-image keys are what the image's own tools report: Python's and CUDA's major.minor (3.12,
+# 13.0), CANN's release (8.5.0) or release candidate (8.0.RC1, 8.0.RC2.beta1).
+BASE_IMAGE_VERSION = {
+    "python": re.compile(r"3\.[0-9]{1,2}"),
+    "cuda": re.compile(r"[0-9]{1,2}\.[0-9]{1,2}"),
+    "cann": re.compile(r"[0-9]{1,2}\.[0-9]{1,2}\.(?:[0-9]{1,3}|RC[0-9]{1,2})(?:\.(?:alpha|beta)[0-9]{1,3})?"),
+}
+# Docker's reference grammar (distribution/reference): a cell's name is one path component of its
+# image's repository (gdn-matrix/<name>), its base image a whole reference.
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})*|\[[a-fA-F0-9:]+\])"
+IMAGE_REFERENCE = re.compile(
+    rf"(?:{_DOMAIN}(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?"
+)
+CELL_NAME = re.compile(_COMPONENT)
+# A repository name may have 255 characters; gdn-matrix/ takes 11 of them.
+CELL_NAME_MAX = 128
 
 
 class MatrixConfigError(ValueError):
@@ -61,6 +90,29 @@ class Versions(_Strict):
     fla_npu: str | None = None
     fla: str | None = None
     transformers: str | None = None
+
+    @field_validator("python", "cuda", "cann")
+    @classmethod
+    def _base_image_version(cls, value: str | None, info: ValidationInfo) -> str | None:
+        pattern = BASE_IMAGE_VERSION[info.field_name]
+        if value is not None and not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not a {info.field_name} version (expected {pattern.pattern})")
+        return value
+
+    @field_validator(*DISTRIBUTIONS)
+    @classmethod
+    def _package_version(cls, value: str | None) -> str | None:
+        """A PEP 440 version in its normal form, so a pin carries nothing but a version (no specifier,
+        marker, URL or option) wherever it is written."""
+        if value is None:
+            return None
+        try:
+            normal = str(Version(value))
+        except InvalidVersion:
+            raise ValueError(f"{value!r} is not a PEP 440 version") from None
+        if normal != value:
+            raise ValueError(f"{value!r} is not a version in normal form; write {normal!r}")
+        return value
 
     def build_args(self) -> dict[str, str]:
         """What the Dockerfile checks its base image against (e.g. PYTHON_VERSION); the packages come
@@ -88,9 +140,34 @@ class Expectation(_Strict):
             raise ValueError(f"unknown op {op!r}; expected one of {list(OP_NAMES)}")
         return op
 
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, backend: str) -> str:
+        if backend not in BACKEND_NAMES:
+            raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKEND_NAMES)}")
+        return backend
+
+
+class Limits(_Strict):
+    """What a cell's container may use; the engine stops it there (a runaway test, a fork bomb)."""
+
+    # docker's --memory: a number with a unit (k, m, g)
+    memory: str = Field(default="64g", pattern=r"^[1-9][0-9]*[kmg]$")
+    # processes and threads together: pytest-xdist workers, their torch threads, Triton's compilers
+    pids: int = Field(default=8192, gt=0)
+
+
+def _checkout_relative(value: str, what: str) -> str:
+    """A path inside the checkout, as matrix.yaml may name one: relative, never through `..`. Symlinks
+    are followed, and checked, where the file is used."""
+    path = PurePosixPath(value)
+    if path.is_absolute() or "\\" in value or ".." in path.parts or not path.parts:
+        raise ValueError(f"{value!r} is not a relative path inside the {what} (no absolute path, no '..')")
+    return value
+
 
 class Cell(_Strict):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(max_length=CELL_NAME_MAX)
     description: str = ""
     # a device kind of gdn.matrix.devices, read when a cell is validated (not frozen into a type)
     device: str
@@ -108,8 +185,46 @@ class Cell(_Strict):
     compute_mode: str = "auto"
     bench: bool = False
     timeout_s: int = Field(default=3600, gt=0)
+    limits: Limits = Limits()
     env: dict[str, str] = {}
     privileged: bool = False
+
+    @field_validator("name")
+    @classmethod
+    def _image_name(cls, name: str) -> str:
+        if not CELL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{name!r} cannot name an image (gdn-matrix/<name>): lowercase letters and digits, joined by"
+                " single '.' or '_', '__' or runs of '-', neither first nor last"
+            )
+        return name
+
+    @field_validator("base_image")
+    @classmethod
+    def _image_reference(cls, image: str | None) -> str | None:
+        if image is not None and not IMAGE_REFERENCE.fullmatch(image):
+            raise ValueError(f"{image!r} is not an image reference ([registry/]repository[:tag][@digest])")
+        return image
+
+    @field_validator("dockerfile")
+    @classmethod
+    def _dockerfile_in_checkout(cls, dockerfile: str | None) -> str | None:
+        return None if dockerfile is None else _checkout_relative(dockerfile, "checkout")
+
+    @field_validator("wheels")
+    @classmethod
+    def _wheels_are_file_names(cls, wheels: tuple[str, ...]) -> tuple[str, ...]:
+        for wheel in wheels:
+            if wheel != PurePosixPath(wheel).name or "\\" in wheel or wheel in (".", ".."):
+                raise ValueError(f"{wheel!r} is not a file name: wheels are files in the wheelhouse")
+        return wheels
+
+    @field_validator("compute_mode")
+    @classmethod
+    def _known_mode(cls, mode: str) -> str:
+        if mode not in COMPUTE_MODES:
+            raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(COMPUTE_MODES)}")
+        return mode
 
     @field_validator("device")
     @classmethod
@@ -121,9 +236,30 @@ class Cell(_Strict):
     @classmethod
     def _kind_runner_labels(cls, raw: Any) -> Any:
         """A cell that names no runner labels gets its device kind's; `runner_labels: []` keeps it off CI."""
-        if isinstance(raw, dict) and "runner_labels" not in raw and raw.get("device") in devices.KINDS:
+        device = raw.get("device") if isinstance(raw, dict) else None
+        if isinstance(device, str) and "runner_labels" not in raw and device in devices.KINDS:
             return {**raw, "runner_labels": devices.KINDS[raw["device"]].runner_labels}
         return raw
+
+    @model_validator(mode="after")
+    def _labels_reach_the_device(self) -> Cell:
+        """An accelerator cell's job must be able to land on a runner of its kind: not on a GitHub-hosted
+        runner (none has an NPU or our GPUs) and not only on another kind's runners (devices.KINDS)."""
+        kind = devices.kind(self.device)
+        labels = set(self.runner_labels)
+        if not kind.accelerator or not labels:
+            return self
+        hosted = sorted(label for label in labels if label.lower() in devices.GITHUB_HOSTED_LABELS)
+        if hosted:
+            raise ValueError(f"runner_labels: {hosted} name GitHub-hosted runners, which have no {self.device} device")
+        for other in devices.KINDS.values():
+            foreign = sorted(labels & set(other.runner_labels) - set(kind.runner_labels))
+            if other.name != self.device and (foreign or labels <= set(other.runner_labels)):
+                raise ValueError(
+                    f"runner_labels: {sorted(labels)} reach {other.name} runners (labels"
+                    f" {list(other.runner_labels)}), not only {self.device} ones ({list(kind.runner_labels)})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _docker_needs_image(self) -> Cell:
@@ -190,6 +326,11 @@ class Matrix(_Strict):
     # Where the cells' lock files lie (locks/<cell>.txt), relative to the checkout.
     locks: str = "locks"
     cells: tuple[Cell, ...]
+
+    @field_validator("wheelhouse", "locks")
+    @classmethod
+    def _in_checkout(cls, path: str) -> str:
+        return _checkout_relative(path, "checkout")
 
     @field_validator("cells")
     @classmethod
@@ -258,18 +399,29 @@ def lock_path(matrix: Matrix, cell: Cell, root: Path) -> Path:
     return root / matrix.locks / f"{cell.name}.txt"
 
 
+def _inside(path: Path, top: Path) -> bool:
+    """Whether `path`, every symlink followed, lies under `top` (itself resolved)."""
+    return path.resolve().is_relative_to(top.resolve())
+
+
 def cell_files(matrix: Matrix, cell: Cell, root: Path) -> dict[str, Path]:
-    """The files a cell's image is built from, keyed by where they are named; each must exist."""
-    files: dict[str, Path] = {}
-    if cell.dockerfile:
-        files["dockerfile"] = root / cell.dockerfile
-    if cell.locked:
-        files["lock"] = lock_path(matrix, cell, root)
+    """The files a cell's image is built from, keyed by where they are named; each must exist and lie
+    where it is named: the Dockerfile and lock in the checkout, the wheels in the wheelhouse (a symlink
+    out of either is refused, as it would carry a file of the host into a build context)."""
     house = wheelhouse_dir(matrix, root)
+    files: dict[str, tuple[Path, Path]] = {}
+    if cell.dockerfile:
+        files["dockerfile"] = (root / cell.dockerfile, root)
+    if cell.locked:
+        files["lock"] = (lock_path(matrix, cell, root), root)
     for i, wheel in enumerate(cell.wheels):
-        files[f"wheels[{i}]"] = house / wheel
-    for key, path in files.items():
+        files[f"wheels[{i}]"] = (house / wheel, house)
+    for key, (path, top) in files.items():
         if not path.is_file():
             hint = f"; make it with `gdn-matrix lock {cell.name}`" if key == "lock" else ""
             raise MatrixConfigError(f"cell {cell.name!r}: key {key!r}: file {path} does not exist{hint}")
-    return files
+        if not _inside(path, top):
+            raise MatrixConfigError(
+                f"cell {cell.name!r}: key {key!r}: {path} leads to {path.resolve()}, outside {top.resolve()}"
+            )
+    return {key: path for key, (path, _) in files.items()}

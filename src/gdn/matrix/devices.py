@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +26,41 @@ NPU_DRIVER_MOUNTS = (
     "usr/local/Ascend/driver/version.info",
     "etc/ascend_install.info",
 )
+
+
+# The labels of GitHub's standard hosted runners (docs.github.com: "GitHub-hosted runners reference").
+# GitHub routes by label and a self-hosted runner needs no `self-hosted` label in `runs-on`, so any
+# label not on this list may reach a runner of ours: such cells must go to the guarded job. Only labels
+# GitHub documents belong here; a hosted label missing from the list merely sends its cell to the
+# guarded job, while a custom label on it would open our runners to forks. Retired labels
+# (ubuntu-20.04, windows-2019, macos-13) are left out: no hosted runner answers to them any more, so
+# only a runner of ours could take such a job.
+GITHUB_HOSTED_LABELS = frozenset(
+    {
+        "ubuntu-latest",
+        "ubuntu-24.04",
+        "ubuntu-22.04",
+        "ubuntu-slim",
+        "ubuntu-24.04-arm",
+        "ubuntu-22.04-arm",
+        "windows-latest",
+        "windows-2025",
+        "windows-2022",
+        "windows-11-arm",
+        "macos-latest",
+        "macos-26",
+        "macos-15",
+        "macos-26-intel",
+        "macos-15-intel",
+    }
+)
+
+
+def github_hosted(labels: Sequence[str]) -> bool:
+    """Whether `runs-on: labels` can only be one of GitHub's hosted runners. Labels match without
+    regard to case; several labels ask for a runner that has them all, which no hosted runner does."""
+    names = {label.lower() for label in labels}
+    return len(names) == 1 and names <= GITHUB_HOSTED_LABELS
 
 
 @dataclass(frozen=True)

@@ -9,9 +9,11 @@ the output directory (see gdn.matrix.results); the exit status says how it went:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -39,7 +41,25 @@ def _pytest_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
+def share_with_group(out: Path) -> None:
+    """Let the results directory's group read what this process wrote: in a container the runner reads
+    the results through that group (gdn.matrix.images), and atomic writes leave files 0600."""
+    for path in [out, *out.rglob("*")]:
+        if path.is_symlink():  # chmod would follow it out of the directory
+            continue
+        with contextlib.suppress(OSError):  # not ours (the runner's own files), or gone meanwhile
+            extra = stat.S_IRWXG if path.is_dir() else stat.S_IRGRP
+            path.chmod(stat.S_IMODE(path.stat().st_mode) | extra)
+
+
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    finally:
+        share_with_group(args.out)
+
+
+def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1"}
     # The source may be mounted read-only: run from a scratch directory (hypothesis keeps its

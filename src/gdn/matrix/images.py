@@ -1,5 +1,6 @@
-"""Container images of the docker cells: a tag that is a content hash of everything a build sees, a
-build that is skipped when that tag exists, and a run with only the devices the cell's kind needs
+"""Container images of the docker cells: a tag that is a content hash of everything a build sees (the
+base image's content included), a build that is skipped when an image carries that tag and records
+the same hash in its label, and a hardened run with only the devices the cell's kind needs
 (gdn.matrix.devices says which).
 
 The docker SDK is imported only where an engine is used: it belongs to the `matrix` extra, and the
@@ -27,8 +28,9 @@ from gdn.matrix.config import Cell
 from gdn.matrix.lock import LockError, read_lock
 
 TAG_REPOSITORY = "gdn-matrix"
-# Index settings for air-gapped sites: build args when set, and so part of the tag.
-PIP_INDEX_ENV = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_TRUSTED_HOST")
+# The image's whole content hash; the tag holds only its first 12 digits, and any image may be tagged
+# with anything, so an image is reused only when its label says it is this content.
+CONTENT_LABEL = "org.gdn-matrix.content-hash"
 CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
 SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
 # The cell's lock (config.cell_files' "lock") under this name in the build context.
@@ -37,6 +39,12 @@ LOCK_IN_CONTEXT = "lock.txt"
 SRC_MOUNT = "/src"
 RESULTS_MOUNT = "/results"
 RUN_ENV = {"PYTHONPATH": f"{SRC_MOUNT}/src", "PYTHONDONTWRITEBYTECODE": "1"}
+# The results directory belongs to the runner's user and a group the container's user joins: the
+# runner's own group, or on a root runner the images' gid (the group root's would hand the container
+# every root-group file). setgid, so what the container writes keeps that group and the runner can
+# read it; no one else gets in.
+IMAGE_GID = 10001
+RESULTS_MODE = 0o2770
 
 TAIL_LINES = 200
 # The classic builder colours pip's stderr; colour codes only clutter log files and tails.
@@ -82,11 +90,6 @@ def docker_client() -> tuple[Any | None, str | None]:
     return client, None
 
 
-def build_args(cell: Cell) -> dict[str, str]:
-    index = {name: os.environ[name] for name in PIP_INDEX_ENV if os.environ.get(name)}
-    return {**cell.build_args, **index}
-
-
 def host_ca_bundle() -> Path:
     """The CA bundle the host trusts: pip in the image needs it where TLS is intercepted by a proxy
     whose CA only the host knows. certifi (a dependency of the docker SDK) is the last resort."""
@@ -119,25 +122,31 @@ def _file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def image_tag(cell: Cell, files: dict[str, Path], context_files: dict[str, Path]) -> str:
-    """`gdn-matrix/<cell>:<12 hex>`: a hash over the Dockerfile, the lock (every package and its hashes),
-    the build args, each wheel's name and content and the other context files, so a tag exists exactly
-    when its image is up to date. Wheels count by name, not by where the wheelhouse lies."""
+def content_hash(cell: Cell, files: dict[str, Path], context_files: dict[str, Path], base_id: str) -> str:
+    """A sha256 over the base image's id, the Dockerfile, the lock (every package and its hashes), the
+    build args, each wheel's name and content and the other context files: equal exactly when the
+    image would be. Wheels count by name, not by where the wheelhouse lies."""
     digest = hashlib.sha256()
 
     def add(*fields: str) -> None:
         digest.update("\0".join(fields).encode() + b"\n")
 
+    add("base", base_id)
     add("dockerfile", _file_digest(files["dockerfile"]))
     if "lock" in files:
         add("lock", _file_digest(files["lock"]))
-    for name, value in sorted(build_args(cell).items()):
+    for name, value in sorted(cell.build_args.items()):
         add("arg", name, value)
     for wheel in _wheels(files):
         add("wheel", wheel.name, _file_digest(wheel))
     for name, path in sorted(context_files.items()):
         add("context", name, _file_digest(path))
-    return f"{TAG_REPOSITORY}/{cell.name}:{digest.hexdigest()[:12]}"
+    return digest.hexdigest()
+
+
+def image_tag(cell: Cell, content: str) -> str:
+    """`gdn-matrix/<cell>:<12 hex>` for a content hash."""
+    return f"{TAG_REPOSITORY}/{cell.name}:{content[:12]}"
 
 
 class _LineTail:
@@ -212,14 +221,50 @@ def _assemble_context(directory: Path, files: dict[str, Path], extras: dict[str,
             shutil.copyfile(wheel, house / wheel.name)
 
 
-def _image_exists(client: Any, tag: str) -> bool:
+def _inspect(client: Any, reference: str) -> dict[str, Any] | None:
     import docker
 
     try:
-        client.api.inspect_image(tag)
+        return client.api.inspect_image(reference)
     except docker.errors.ImageNotFound:
+        return None
+
+
+def base_image_id(client: Any, cell: Cell, log: Callable[[str], None]) -> str:
+    """The id (the digest of its content) of the image the cell's FROM names, pulled when this engine
+    lacks it: a tag like `bookworm-python:local` or `cuda:13.0.1-...` names different content over time
+    and across machines, so the image hash covers the id, not the tag."""
+    import docker
+    import requests
+    from docker.utils import parse_repository_tag
+
+    reference = cell.base_image or ""
+    found = _inspect(client, reference)
+    if found is None:
+        log(f"[gdn-matrix: pulling the base image {reference}]")
+        repository, tag = parse_repository_tag(reference)
+        try:
+            client.api.pull(repository, tag=tag)
+        except (docker.errors.DockerException, requests.RequestException) as exc:
+            message = f"cell {cell.name}: base_image {reference} is not on this engine and could not be pulled: {exc}"
+            raise ImageBuildError(message, "") from exc
+        found = _inspect(client, reference)
+        if found is None:
+            raise ImageBuildError(f"cell {cell.name}: base_image {reference} is still absent after its pull", "")
+    return str(found["Id"])
+
+
+def _reusable(client: Any, tag: str, content: str, log: Callable[[str], None]) -> bool:
+    """Whether an image carrying `tag` was built from `content`, as its label records: anything that
+    can tag an image on the engine could otherwise stand in for the cell's."""
+    found = _inspect(client, tag)
+    if found is None:
         return False
-    return True
+    label = ((found.get("Config") or {}).get("Labels") or {}).get(CONTENT_LABEL)
+    if label == content:
+        return True
+    log(f"[gdn-matrix: {tag} exists but its {CONTENT_LABEL} label is {label!r}, not {content}: rebuilding]")
+    return False
 
 
 def _build_text(chunk: dict[str, Any]) -> str:
@@ -266,8 +311,9 @@ def build_image(
     if unverifiable:
         raise ImageBuildError(unverifiable, "")
     extras = context_files(root)
-    tag = image_tag(cell, files, extras)
-    if _image_exists(client, tag):
+    content = content_hash(cell, files, extras, base_image_id(client, cell, log))
+    tag = image_tag(cell, content)
+    if _reusable(client, tag, content, log):
         return BuildResult(tag=tag, built=False, log_tail="")
     with tempfile.TemporaryDirectory(prefix=f"gdn-build-{cell.name}-") as context, _progress(f"build {tag}") as show:
         steps = ["the start"]
@@ -285,7 +331,10 @@ def build_image(
                 path=context,
                 dockerfile="Dockerfile",
                 tag=tag,
-                buildargs=build_args(cell),
+                # Versions only: index settings may carry credentials, and every build arg is in the
+                # image's history (docs/matrix.md, "Package indexes").
+                buildargs=cell.build_args,
+                labels={CONTENT_LABEL: content},
                 network_mode="host",  # the bridge has no NAT here (dockerd --iptables=false)
                 rm=True,
                 forcerm=True,
@@ -304,22 +353,42 @@ def build_image(
     return BuildResult(tag=tag, built=True, log_tail=tail.text)
 
 
+def results_gid() -> int:
+    """The group the results directory and the container's user share (see IMAGE_GID)."""
+    return os.getgid() or IMAGE_GID
+
+
 def container_options(cell: Cell, host_root: Path | None = None) -> dict[str, Any]:
-    """Keyword arguments for containers.create() that give the cell its device kind and nothing more.
+    """Keyword arguments for containers.create() that give the cell its device kind and nothing more:
+    no capabilities (a cell needs none: its devices come as device nodes and a group), no privilege
+    gained through setuid files, its limits on memory and processes, the results directory's group.
     `host_root` (default $GDN_HOST_ROOT, else /) is where the host's device nodes and driver files lie."""
     from docker.types import DeviceRequest
 
     access = devices.kind(cell.device).container(devices.host_root_of(host_root))
     gpu = access.gpu_request
     requests = [DeviceRequest(count=gpu.count, capabilities=[list(c) for c in gpu.capabilities])] if gpu else []
+    groups = list(dict.fromkeys([*access.group_add, str(results_gid())]))
     return {
         "devices": list(access.devices),
         "device_requests": requests,
         "volumes": {host: {"bind": inside, "mode": "ro"} for host, inside in access.mounts.items()},
         "environment": dict(access.environment),
-        "group_add": list(access.group_add),
+        "group_add": groups,
         "privileged": cell.privileged,
+        # a privileged cell asked for every capability; dropping them would undo what it asked for
+        "cap_drop": [] if cell.privileged else ["ALL"],
+        "security_opt": ["no-new-privileges"],
+        "pids_limit": cell.limits.pids,
+        "mem_limit": cell.limits.memory,
     }
+
+
+def prepare_results_dir(out_dir: Path) -> None:
+    """The container's user writes here through the shared group; nobody else may (see IMAGE_GID)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    os.chown(out_dir, -1, results_gid())
+    out_dir.chmod(RESULTS_MODE)
 
 
 def _pump_logs(container: Any, tail: _LineTail) -> None:
@@ -366,9 +435,7 @@ def run_container(
     import requests
 
     options = container_options(cell)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The image's user (uid 10001) is not the host's user, yet must write the results.
-    out_dir.chmod(0o777)
+    prepare_results_dir(out_dir)
     volumes = {
         **options.pop("volumes"),
         str(root.resolve()): {"bind": SRC_MOUNT, "mode": "ro"},
