@@ -70,3 +70,15 @@ def test_differences_name_package_pin_and_what_was_found():
         PinDifference(package="fla", pinned="0.6.0", found="not installed"),
     ]
     assert pin_differences(Versions(), HOST_MANIFEST) == []
+
+
+def test_peer_kernel_packages_are_compared_with_what_fla_found_beside_it():
+    manifest = {
+        **HOST_MANIFEST,
+        "fla": {
+            "distribution": {"name": "fla-core", "version": "0.6.0"},
+            "peer_packages": {"flash-qla": "0.1.3", "tilelang": None},
+        },
+    }
+    differences = pin_differences(Versions(fla="0.6.0", flash_qla="0.1.3", tilelang="0.1.15"), manifest)
+    assert differences == [PinDifference(package="tilelang", pinned="0.1.15", found="not installed")]

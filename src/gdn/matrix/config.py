@@ -37,6 +37,9 @@ DISTRIBUTIONS = {
     "triton_ascend": "triton-ascend",
     "fla_npu": "flash-linear-attention-npu",
     "fla": "fla-core",
+    # FlashQLA and the TileLang it compiles with: fla hands its chunk op to them when they import
+    "flash_qla": "flash-qla",
+    "tilelang": "tilelang",
     "transformers": "transformers",
 }
 # Describe the base image; every package pin reaches the image through the cell's lock instead.
@@ -89,6 +92,8 @@ class Versions(_Strict):
     triton_ascend: str | None = None
     fla_npu: str | None = None
     fla: str | None = None
+    flash_qla: str | None = None
+    tilelang: str | None = None
     transformers: str | None = None
 
     @field_validator("python", "cuda", "cann")

@@ -24,6 +24,8 @@ VERSION_KEYS = (
     "fla_npu",
     "fla_npu_generation",
     "fla",
+    "flash_qla",
+    "tilelang",
     "transformers",
 )
 # where each version lives in a probe manifest
@@ -38,11 +40,24 @@ VERSION_PATHS: dict[str, tuple[str, ...]] = {
     "fla_npu": ("fla_npu", "distribution", "version"),
     "fla_npu_generation": ("fla_npu", "api", "generation"),
     "fla": ("fla", "distribution", "version"),
+    "flash_qla": ("fla", "peer_packages", "flash-qla"),
+    "tilelang": ("fla", "peer_packages", "tilelang"),
     "transformers": ("transformers", "distribution", "version"),
 }
 # Where the manifest has each pin. triton and triton-ascend install the same `triton` module, so their
 # pins are read from the installed distributions, not from what imports.
-SAME_PATH_PINS = ("python", "cann", "cuda", "torch", "torch_npu", "fla_npu", "fla", "transformers")
+SAME_PATH_PINS = (
+    "python",
+    "cann",
+    "cuda",
+    "torch",
+    "torch_npu",
+    "fla_npu",
+    "fla",
+    "flash_qla",
+    "tilelang",
+    "transformers",
+)
 PIN_PATHS: dict[str, tuple[str, ...]] = {
     **{key: VERSION_PATHS[key] for key in SAME_PATH_PINS},
     "triton": ("triton", "distributions", "triton"),
