@@ -297,8 +297,11 @@ def test_an_interrupted_run_keeps_the_last_good_result_and_ends_its_processes(tm
     interrupted = json.loads((results / "c" / "interrupted.json").read_text())
     assert interrupted["signal"] == signum.name
     assert interrupted["reason"] == f"interrupted by {signum.name}: the results shown are of the last complete run"
-    entry = {c["name"]: c for c in report.build_report(results)["cells"]}["c"]
+    built = report.build_report(results)
+    entry = {c["name"]: c for c in built["cells"]}["c"]
     assert (entry["status"], entry["interrupted"]["signal"]) == ("passed", signum.name)
+    shown = f"a later run was interrupted by {signum.name} at {interrupted['interrupted_at']}"
+    assert shown in report.render_markdown(built) and shown in report.render_html(built)
     assert _leftovers(results) == []
 
 
@@ -323,3 +326,17 @@ def test_a_run_told_not_to_wait_refuses_while_another_holds_the_cell(tmp_path, m
     with FileLock(results / ".locks" / "c.lock"), pytest.raises(cell_mod.CellBusyError, match="still holds"):
         cell_mod.run_cell(matrix, matrix.cells[0], tmp_path, results, echo=lambda line: None, wait_s=0)
     assert not (results / "c").exists() and not (tmp_path / "runs.log").exists()
+
+
+def test_a_cell_whose_only_run_was_interrupted_is_reported_as_such(tmp_path):
+    root = tmp_path / "results"
+    record = {
+        "cell": "c",
+        "signal": "SIGTERM",
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "interrupted_at": "2026-01-01T00:01:00+00:00",
+        "reason": "interrupted by SIGTERM: no complete run is recorded",
+    }
+    write_json(root / "c" / "interrupted.json", record)
+    cell = _report_of(root, tmp_path)["c"]
+    assert (cell["status"], cell["verdict"], cell["reason"]) == ("interrupted", "MISSING", record["reason"])

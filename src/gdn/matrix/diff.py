@@ -32,7 +32,15 @@ EXIT_CODES = f"""exit status:
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
      schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold"""
 # worse is higher; not_run is worst because nothing about the cell is known any more
-STATUS_RANK = {"passed": 0, "failed": 1, "error": 2, "timeout": 2, "build_failed": 3, "not_run": 4}
+STATUS_RANK = {
+    "passed": 0,
+    "failed": 1,
+    "error": 2,
+    "timeout": 2,
+    "build_failed": 3,
+    "not_run": 4,
+    "interrupted": 4,
+}
 
 
 class ReportError(ValueError):

@@ -343,6 +343,14 @@ def hardware_note(cell: dict[str, Any]) -> str | None:
     return f"not run on real {cell['device']} hardware"
 
 
+def interrupted_text(cell: dict[str, Any]) -> str | None:
+    """A later run that was interrupted, beside the complete one the cell shows."""
+    record = cell.get("interrupted")
+    if not record:
+        return None
+    return f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+
+
 def expectation_text(expect: dict[str, Any]) -> str:
     wanted = expect["backend"] + (f" ({expect['route']})" if expect.get("route") else "")
     if expect.get("actual_backend") is None:
@@ -475,6 +483,8 @@ def _md_notes(report: dict[str, Any]) -> list[str]:
             notes += [f"expectation not met: {expectation_text(e)}" for e in unmet]
         if note := hardware_note(cell):
             notes.append(note)
+        if cell["status"] != "interrupted" and (note := interrupted_text(cell)):
+            notes.append(note)
         lines += [f"- **{cell['name']}**: {md_cell(n)}" for n in notes]
     return ["## Problems", "", *lines, ""] if lines else []
 
@@ -592,6 +602,7 @@ def _html_environment():
         family_state=family_state,
         resolution_state=resolution_state,
         hardware_note=hardware_note,
+        interrupted_text=interrupted_text,
         expectation_text=expectation_text,
         expectation_state=expectation_state,
         card_text=card_text,
