@@ -28,7 +28,6 @@ BENCH_SCHEMA = 2
 REPORT_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
-STATUSES: tuple[str, ...] = Status.__args__
 # a report's status of a cell adds "interrupted": a run was interrupted and no complete run is recorded
 ReportStatus = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run", "interrupted"]
 # torch_npu's test-result vocabulary, per cell (its parser records one of these per test file)
