@@ -1,6 +1,6 @@
 # /// script
 # dependencies = ["nox>=2025.2.9", "pyyaml>=6", "pydantic>=2.6", "rich>=13", "jinja2>=3.1", "junitparser>=3.1",
-#                 "docker>=7", "uv>=0.13", "packaging>=23"]
+#                 "docker>=7", "uv>=0.13", "packaging>=23", "filelock>=3.12"]
 # ///
 """nox sessions.
 
@@ -109,7 +109,11 @@ def loaded_matrix(session: nox.Session) -> Matrix:
 def refresh_report(session: nox.Session) -> None:
     from gdn.matrix.report import build_report, write_report
 
-    paths = write_report(build_report(RESULTS, loaded_matrix(session)), REPORT)
+    try:
+        report = build_report(RESULTS, loaded_matrix(session))
+    except FileNotFoundError as exc:  # no cell has run here yet: there is nothing to report
+        session.skip(str(exc))
+    paths = write_report(report, REPORT)
     session.log("report: " + ", ".join(str(p.relative_to(ROOT)) for p in paths.values()))
 
 
@@ -142,12 +146,12 @@ def requested_runtime(session: nox.Session) -> str | None:
 
 def docker_cell(cell: Cell):
     def session_fn(session: nox.Session) -> None:
-        from gdn.matrix.cell import run_cell
+        from gdn.matrix.cell import CellInterruptedError, run_cell
 
         # In the host runtime the cell runs in this interpreter's environment: the one nox runs in.
         try:
             run_cell(loaded_matrix(session), cell, ROOT, RESULTS, echo=session.log, runtime=requested_runtime(session))
-        except MatrixConfigError as exc:
+        except (MatrixConfigError, CellInterruptedError) as exc:
             session.error(str(exc))
         finish(session, cell)
 

@@ -33,7 +33,7 @@ import torch
 
 import gdn
 from bench._common import chunk_inputs, environment, median_ms, peak_gib, pool_decode_inputs, print_table, write_results
-from gdn.matrix.bench_schema import BenchFile, BenchRow, shape_text
+from gdn.matrix.schema import BenchFile, BenchRow, shape_text
 from gdn.resolve import backends, compute_mode_override, resolve
 
 CHUNK = "chunk_gated_delta_rule"

@@ -10,7 +10,8 @@ import pytest
 from gdn.matrix import devices, report
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import MatrixConfigError, parse_matrix
-from gdn.matrix.results import CellOutcome, write_json
+from gdn.matrix.jsonio import write_json
+from gdn.matrix.schema import CellOutcome
 from gdn.op_names import OP_NAMES
 
 pytestmark = pytest.mark.tooling

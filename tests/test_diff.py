@@ -12,8 +12,9 @@ import pytest
 
 from gdn.matrix import diff as diff_mod
 from gdn.matrix.config import parse_matrix
+from gdn.matrix.jsonio import write_json
 from gdn.matrix.report import build_report, write_report
-from gdn.matrix.results import CellOutcome, write_json
+from gdn.matrix.schema import CellOutcome
 
 pytestmark = pytest.mark.tooling
 
@@ -246,9 +247,12 @@ def test_no_fail_and_output_file(tmp_path, capsys):
     [
         (None, "cannot read report {path}: [Errno 2]"),
         ("{not json", "cannot read report {path}: Expecting property name"),
-        ('{"schema": 1}', "{path} is not a gdn-matrix report.json (no 'cells' list)"),
+        ('{"schema": 1}', "{path}: generated_at: Field required (and 2 more)"),
         ('{"schema": 7, "cells": []}', "{path} has report schema 7; this gdn-matrix reads schema 1"),
-        ('{"schema": 1, "cells": [{"status": "passed"}]}', "{path}: every entry of 'cells' must be an object"),
+        (
+            '{"schema": 1, "generated_at": "now", "ops": [], "cells": [{"status": "passed"}]}',
+            "{path}: cells[0].name: Field required",
+        ),
     ],
 )
 def test_unreadable_report_exits_2_naming_the_file(tmp_path, capsys, content, message):

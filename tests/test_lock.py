@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import zipfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -360,4 +361,4 @@ def test_a_cell_run_records_its_lock(tmp_path, index, capsys) -> None:
         matrix, matrix.cell("npu-2610"), root, tmp_path / "results", echo=lambda line: None, host_root=tmp_path
     )
     assert outcome.status == "not_run"
-    assert outcome.lock == lock.read_lock(root / "locks" / "npu-2610.txt").summary()
+    assert asdict(outcome.lock) == lock.read_lock(root / "locks" / "npu-2610.txt").summary()

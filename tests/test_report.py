@@ -17,7 +17,8 @@ import pytest
 from browser import chromium
 from gdn.matrix import report as report_mod
 from gdn.matrix.config import parse_matrix
-from gdn.matrix.results import CellOutcome, PinDifference, write_json
+from gdn.matrix.jsonio import write_json
+from gdn.matrix.schema import CellOutcome, PinDifference
 from gdn.op_names import OP_NAMES
 
 pytestmark = pytest.mark.tooling
@@ -319,6 +320,7 @@ def test_passed_cell(report):
         "name": "cpu-ok",
         "status": "passed",
         "reason": None,
+        "verdict": "PASSED",
         "device": "cpu",
         "runtime": "host",
         "matrix_runtime": "host",
@@ -352,6 +354,7 @@ def test_passed_cell(report):
             }
         ],
         "problems": [],
+        "interrupted": None,
     }
 
 
@@ -377,6 +380,8 @@ def test_failed_cell_on_stand_ins(report):
         "fla_npu": "26.10.0",
         "fla_npu_generation": "26.10-stable",
         "fla": None,
+        "flash_qla": None,
+        "tilelang": None,
         "transformers": "5.24.0",
     }
     assert cell["resolution"]["chunk_gated_delta_rule"] == {
@@ -429,6 +434,7 @@ def test_not_run_cell(report):
         "name": "npu-absent",
         "status": "not_run",
         "reason": "no results: never run; needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine",
+        "verdict": "MISSING",
         "device": "npu",
         "runtime": "docker",
         "matrix_runtime": "docker",
@@ -459,6 +465,7 @@ def test_not_run_cell(report):
             }
         ],
         "problems": [],
+        "interrupted": None,
     }
 
 
@@ -518,12 +525,9 @@ def test_unreadable_files_and_bad_records_become_problems(tmp_path):
     (root / "nocell" / "manifest.json").write_text("{not json")
     report = report_mod.build_report(root)
     odd, nocell = report["cells"][1], report["cells"][0]
-    assert odd["problems"] == [
-        "resolution record #0 has no op and device: {'device': 'cpu'}",
-        "bench.json has no 'rows' list",
-    ]
-    assert odd["status"] == "error"
-    assert odd["resolution"] == CPU_RESOLUTION_MAP
+    assert odd["problems"] == ["resolution.json: [0].op: Field required", "bench.json: rows: Field required"]
+    assert (odd["status"], odd["reason"]) == ("error", "invalid results: resolution.json: [0].op: Field required")
+    assert odd["resolution"] == {}
     assert (nocell["status"], nocell["reason"]) == ("error", "cell.json is missing: the cell never recorded an outcome")
     assert nocell["problems"][0] == nocell["reason"]
     assert nocell["problems"][1].startswith("manifest.json is unreadable: ")

@@ -11,8 +11,8 @@ import pytest
 
 from gdn.matrix import diff as diff_mod
 from gdn.matrix import speed
+from gdn.matrix.jsonio import write_json
 from gdn.matrix.report import render_html, render_markdown
-from gdn.matrix.results import write_json
 
 pytestmark = pytest.mark.tooling
 

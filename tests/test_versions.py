@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gdn.matrix.config import Versions
-from gdn.matrix.results import PinDifference
+from gdn.matrix.schema import PinDifference
 from gdn.matrix.versions import PIN_PATHS, matches, pin_differences
 
 pytestmark = pytest.mark.tooling

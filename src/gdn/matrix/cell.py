@@ -4,34 +4,109 @@ A cell that cannot run here (no NPU, no GPU, no docker engine), fails to build, 
 still gets a cell.json saying so, with the log tail. Results are staged in a private directory and
 moved into place in one rename, so a cell never leaves half a result and never touches another's.
 
+One run of a cell at a time: a lock per cell (results/.locks/<cell>.lock) makes a second run wait for the
+first, so neither deletes the other's results; whoever holds the lock knows that every staging
+directory of the cell (results/.staging/<cell>/) is left over from a dead run, and removes it. A cell's
+processes run in their own process group, which is ended as a whole on a timeout, SIGTERM or SIGINT
+(a container is removed). A run stopped by SIGTERM or SIGINT is recorded in results/<cell>/interrupted.json
+beside the last complete run, whose files it never touches.
+
 Any cell can run in the host runtime (a docker cell on a GPU box without docker): it then runs in this
 Python environment, not its image, and cell.json says so, with every pin the environment does not have.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from gdn.matrix import devices
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
+from gdn.matrix.jsonio import write_json
 from gdn.matrix.lock import lock_summary
-from gdn.matrix.results import CellOutcome, PinDifference
+from gdn.matrix.results import INTERRUPTED
+from gdn.matrix.schema import CellLock, CellOutcome, InterruptedRun, PinDifference
 from gdn.matrix.versions import pin_differences
 
 LOG_TAIL_LINES = 60
+LOCKS = ".locks"
+STAGING = ".staging"
+# how long the cell's processes get to exit on SIGTERM before the group is killed
+GRACE_S = 5.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CONTAINER_SOURCE = Path("/src")
 CONTAINER_RESULTS = Path("/results")
+
+
+class CellBusyError(RuntimeError):
+    """Another run of the cell holds its lock, and the wait for it ran out."""
+
+
+class CellInterruptedError(BaseException):
+    """The run was stopped by a signal; its interruption is recorded beside the last complete run.
+    A BaseException, like KeyboardInterrupt, so that no `except Exception` on the way turns it into a
+    result."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"interrupted by {signal.Signals(signum).name}")
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM and SIGINT raise CellInterruptedError while the cell runs, so that its processes are ended
+    and the interruption recorded. Handlers can be set from the main thread only; elsewhere the caller
+    owns the signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, _frame) -> None:
+        raise CellInterruptedError(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the results are in place: a rename half done would lose them."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def _end_group(process: subprocess.Popen, grace_s: float) -> None:
+    """End the process and everything it started (its session's process group): SIGTERM, then
+    SIGKILL for whatever is left after grace_s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _now() -> str:
@@ -76,6 +151,8 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
     a docker cell's session) need not have gdn installed."""
     env_cmd = entry_command(cell, out, root, python=sys.executable)
     path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
+    # a session of its own: the whole group (pytest, its workers, whatever a test starts) is ended
+    # with the cell, and a Ctrl-C in the terminal reaches the runner only, which ends the group
     process = subprocess.Popen(
         env_cmd,
         cwd=root,
@@ -84,17 +161,22 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
         text=True,
         bufsize=1,
         env={**os.environ, "PYTHONPATH": path, **cell.env},
+        start_new_session=True,
     )
     reader = threading.Thread(target=lambda: [log(line) for line in process.stdout], daemon=True)
     reader.start()
     try:
         code = process.wait(timeout=cell.timeout_s)
     except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+        _end_group(process, GRACE_S)
         reader.join(timeout=5)
         return None, True
-    reader.join()
+    except BaseException:
+        _end_group(process, GRACE_S)
+        raise
+    # the entry is done; anything it left running in its group is not part of a result
+    _end_group(process, 0)
+    reader.join(timeout=5)
     return code, False
 
 
@@ -162,11 +244,59 @@ def differences_from_pins(cell: Cell, manifest_path: Path) -> list[PinDifference
 
 def _publish(staging: Path, final: Path) -> None:
     """Swap the staged directory into place: the old results go only once the new ones are complete."""
-    trash = final.with_name(f".old-{final.name}-{time.monotonic_ns()}")
-    if final.exists():
-        final.rename(trash)
-    staging.rename(final)
+    trash = staging.with_name(f"old-{staging.name}")
+    with _signals_held():
+        if final.exists():
+            final.rename(trash)
+        staging.rename(final)
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def _clear_stale(cell_staging: Path, final: Path) -> None:
+    """Remove what dead runs of the cell left (the caller holds the cell's lock, so no run is live);
+    a previous result that a killed run had moved aside but not replaced is put back first."""
+    if not cell_staging.is_dir():
+        return
+    moved = sorted(cell_staging.glob("old-*"), key=lambda p: p.stat().st_mtime)
+    if moved and not final.exists():
+        moved[-1].rename(final)
+    for leftover in cell_staging.iterdir():
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _cell_locked(results_root: Path, cell: Cell, echo: Callable[[str], None], wait_s: float | None) -> Iterator[None]:
+    """Hold the cell's lock: wait (at most wait_s, forever for None) while another run holds it."""
+    path = results_root / LOCKS / f"{cell.name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        echo(f"cell {cell.name}: another run of this cell holds {lock.lock_file}; waiting for it to finish")
+        try:
+            lock.acquire(timeout=-1 if wait_s is None else wait_s)
+        except Timeout:
+            raise CellBusyError(
+                f"cell {cell.name}: another run of this cell still holds {lock.lock_file} after {wait_s:g} s"
+            ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _record_interruption(outcome: CellOutcome, final: Path, log: CellLog, signum: int) -> None:
+    before = "the results shown are of the last complete run" if final.exists() else "no complete run is recorded"
+    record = InterruptedRun(
+        cell=outcome.cell,
+        signal=signal.Signals(signum).name,
+        started_at=outcome.started_at or _now(),
+        interrupted_at=_now(),
+        reason=f"interrupted by {signal.Signals(signum).name}: {before}",
+        log_tail=log.text() or None,
+    )
+    write_json(final / INTERRUPTED, asdict(record))
 
 
 def run_cell(
@@ -178,12 +308,37 @@ def run_cell(
     echo: Callable[[str], None] = print,
     host_root: Path | None = None,
     runtime: Runtime | None = None,
+    wait_s: float | None = None,
 ) -> CellOutcome:
     """Run `cell` in its own runtime, or in `runtime` where given. `host_root` (default $GDN_HOST_ROOT,
-    else /) is where the device kind's marker is looked for."""
-    as_run = cell if runtime in (None, cell.runtime) else cell.in_runtime(runtime)
+    else /) is where the device kind's marker is looked for. While another run of the cell is in
+    progress this waits for it (at most wait_s seconds, then CellBusyError); a run stopped by SIGTERM or
+    SIGINT raises CellInterruptedError once its interruption is recorded."""
     results_root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=results_root, prefix=f".staging-{cell.name}-"))
+    with _cell_locked(results_root, cell, echo, wait_s):
+        cell_staging = results_root / STAGING / cell.name
+        _clear_stale(cell_staging, results_root / cell.name)
+        cell_staging.mkdir(parents=True, exist_ok=True)
+        try:
+            return _run_locked(matrix, cell, root, results_root, cell_staging, echo, host_root, runtime)
+        finally:
+            with contextlib.suppress(OSError):  # not empty: a run killed outright, cleared by the next
+                cell_staging.rmdir()
+
+
+def _run_locked(
+    matrix: Matrix,
+    cell: Cell,
+    root: Path,
+    results_root: Path,
+    cell_staging: Path,
+    echo: Callable[[str], None],
+    host_root: Path | None,
+    runtime: Runtime | None,
+) -> CellOutcome:
+    as_run = cell if runtime in (None, cell.runtime) else cell.in_runtime(runtime)
+    final = results_root / cell.name
+    staging = Path(tempfile.mkdtemp(dir=cell_staging, prefix="run-"))
     outcome = CellOutcome(
         cell=cell.name,
         status="error",
@@ -196,9 +351,43 @@ def run_cell(
     started = time.monotonic()
     log = CellLog(staging / "log.txt", echo)
     try:
+        with _signals_interrupt():
+            _run(matrix, cell, as_run, root, staging, log, outcome, host_root)
+    except (CellInterruptedError, KeyboardInterrupt) as exc:
+        log.close()
+        signum = exc.signum if isinstance(exc, CellInterruptedError) else signal.SIGINT
+        with _signals_held():
+            _record_interruption(outcome, final, log, signum)
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(exc, KeyboardInterrupt):
+            raise CellInterruptedError(signum) from None
+        raise
+    log.close()
+    outcome.finished_at = _now()
+    outcome.duration_s = round(time.monotonic() - started, 2)
+    outcome.log_tail = outcome.log_tail or log.text() or None
+    outcome.stand_ins = stand_in_labels(staging / "manifest.json")
+    outcome.pin_differences = differences_from_pins(cell, staging / "manifest.json")
+    outcome.write(staging)
+    _publish(staging, final)
+    return outcome
+
+
+def _run(
+    matrix: Matrix,
+    cell: Cell,
+    as_run: Cell,
+    root: Path,
+    staging: Path,
+    log: CellLog,
+    outcome: CellOutcome,
+    host_root: Path | None,
+) -> None:
+    try:
         # a host run's packages are the host's, not the lock's: its pin differences say what ran
         if as_run.runtime == "docker":
-            outcome.lock = lock_summary(matrix, cell, root)
+            summary = lock_summary(matrix, cell, root)
+            outcome.lock = CellLock(**summary) if summary else None
         absent = devices.kind(cell.device).absent_reason(host_root)
         if absent:
             outcome.status, outcome.reason = "not_run", absent
@@ -216,13 +405,3 @@ def run_cell(
             _run_docker(matrix, cell, root, staging, log, outcome)
     except Exception as exc:  # the outcome must be written even when the runner itself breaks
         outcome.status, outcome.reason = "error", f"runner error: {type(exc).__name__}: {exc}"
-    finally:
-        log.close()
-        outcome.finished_at = _now()
-        outcome.duration_s = round(time.monotonic() - started, 2)
-        outcome.log_tail = outcome.log_tail or log.text() or None
-        outcome.stand_ins = stand_in_labels(staging / "manifest.json")
-        outcome.pin_differences = differences_from_pins(cell, staging / "manifest.json")
-        outcome.write(staging)
-        _publish(staging, results_root / cell.name)
-    return outcome

@@ -17,16 +17,21 @@ EXIT_NOT_RUN = 3
 
 
 def _run_cell(args: argparse.Namespace) -> int:
-    from gdn.matrix.cell import run_cell
+    from gdn.matrix.cell import CellBusyError, CellInterruptedError, run_cell
     from gdn.matrix.config import MatrixConfigError, load_matrix
 
     try:
         matrix = load_matrix(args.matrix)
         cell = matrix.cell(args.cell)
-        outcome = run_cell(matrix, cell, args.root.resolve(), args.results.resolve(), runtime=args.runtime)
-    except MatrixConfigError as exc:
+        outcome = run_cell(
+            matrix, cell, args.root.resolve(), args.results.resolve(), runtime=args.runtime, wait_s=args.wait
+        )
+    except (MatrixConfigError, CellBusyError) as exc:
         print(f"gdn-matrix run: {exc}", file=sys.stderr)
         return 2
+    except CellInterruptedError as exc:
+        print(f"gdn-matrix run: cell {args.cell} {exc}; recorded in its interrupted.json", file=sys.stderr)
+        return 128 + exc.signum
     print(f"cell {cell.name}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
     return {"passed": 0, "not_run": EXIT_NOT_RUN, "failed": 1}.get(outcome.status, 2)
 
@@ -43,13 +48,56 @@ def _add_run(commands) -> None:
         help="run in this runtime instead of the cell's own; host: this Python environment, on a machine "
         "with the cell's device (its pins are then compared with what is installed)",
     )
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="while another run of the cell is in progress, wait at most this long, then exit 2 "
+        "(default: wait until it ends; 0: refuse at once)",
+    )
     parser.set_defaults(handler=_run_cell)
+
+
+def _write_schemas(args: argparse.Namespace) -> int:
+    from gdn.matrix import schema
+
+    names = [args.name] if args.name else list(schema.MODELS)
+    if args.output is None:
+        for name in names:
+            print(schema.schema_text(name), end="")
+        return 0
+    args.output.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = args.output / f"{name}.schema.json"
+        path.write_text(schema.schema_text(name))
+        print(path)
+    return 0
+
+
+def _add_schema(commands) -> None:
+    from gdn.matrix.schema import MODELS
+
+    parser = commands.add_parser(
+        "schema",
+        help="print or write the JSON Schemas of the matrix's files (cell.json, manifest.json, ...)",
+        description="The JSON Schemas of the files the matrix's stages pass on (gdn.matrix.schema).",
+    )
+    parser.add_argument("name", nargs="?", choices=list(MODELS), help="one schema (default: all)")
+    parser.add_argument("--output", type=Path, metavar="DIR", help="write NAME.schema.json files to DIR")
+    parser.set_defaults(handler=_write_schemas)
 
 
 def _add_module_command(commands, name: str, help_text: str) -> None:
     """Subcommands whose module provides add_arguments(parser) and run(args) (gdn.matrix.<name>)."""
     module = importlib.import_module(f"gdn.matrix.{name}")
-    parser = commands.add_parser(name, help=help_text, description=module.__doc__.splitlines()[0])
+    parser = commands.add_parser(
+        name,
+        help=help_text,
+        description=module.__doc__.splitlines()[0],
+        # a module's EXIT_CODES text goes under its --help, where a CI author looks for it
+        epilog=getattr(module, "EXIT_CODES", None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     module.add_arguments(parser)
     parser.set_defaults(handler=module.run)
 
@@ -66,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_arguments(probe_parser)
     probe_parser.set_defaults(handler=probe.run)
     _add_run(commands)
+    _add_schema(commands)
     _add_module_command(commands, "report", "build report.json / report.md / report.html from results/")
     _add_module_command(commands, "diff", "compare two report.json files; non-zero exit on a regression")
     _add_module_command(commands, "lock", "write each cell's lock file, or --check pins and locks")

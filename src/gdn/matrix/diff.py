@@ -3,7 +3,8 @@
 package by package, cells added or removed, unmet expectations, benchmark slowdowns per (op, backend,
 shape, pass), the fastest backend of each (op, shape, pass), and the kernel each peer itself runs (fla's
 own dispatch). `gdn-matrix diff OLD NEW` prints Markdown and exits non-zero when anything is a
-regression, so it can gate a wheel upgrade in CI. A lock change is shown, never a regression by itself;
+regression, so it can gate a wheel upgrade in CI (exit 0: no regression, 1: a regression, 2: the input
+is unusable). A lock change is shown, never a regression by itself;
 a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
 """
 
@@ -11,19 +12,35 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+import traceback
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gdn.matrix import peers, speed
-from gdn.matrix.bench_schema import shape_text
-from gdn.matrix.report import SCHEMA, UNMARKED_FAMILY, bench_label, expectation_text, md_cell, md_table
+from gdn.matrix import peers, schema, speed
+from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text, md_cell, md_table
+from gdn.matrix.schema import shape_text
 
 DEFAULT_THRESHOLD = 0.10
+EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
+EXIT_CODES = f"""exit status:
+  {EXIT_OK}  no regression (or --no-fail)
+  {EXIT_REGRESSION}  at least one regression
+  {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
+     schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold"""
 # worse is higher; not_run is worst because nothing about the cell is known any more
-STATUS_RANK = {"passed": 0, "failed": 1, "error": 2, "timeout": 2, "build_failed": 3, "not_run": 4}
+STATUS_RANK = {
+    "passed": 0,
+    "failed": 1,
+    "error": 2,
+    "timeout": 2,
+    "build_failed": 3,
+    "not_run": 4,
+    "interrupted": 4,
+}
 
 
 class ReportError(ValueError):
@@ -461,17 +478,39 @@ def render_markdown(diff: ReportDiff) -> str:
 
 
 def load_report(path: Path) -> dict[str, Any]:
+    """The report, validated against its model (gdn.matrix.schema.Report) and with its defaults filled."""
     try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        text = path.read_bytes()
+    except OSError as exc:
         raise ReportError(f"cannot read report {path}: {exc}") from None
-    if not isinstance(report, dict) or not isinstance(report.get("cells"), list):
-        raise ReportError(f"{path} is not a gdn-matrix report.json (no 'cells' list)")
-    if report.get("schema") != SCHEMA:
-        raise ReportError(f"{path} has report schema {report.get('schema')!r}; this gdn-matrix reads schema {SCHEMA}")
-    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in report["cells"]):
-        raise ReportError(f"{path}: every entry of 'cells' must be an object with a 'name'")
-    return report
+    try:
+        header = json.loads(text)
+    except ValueError as exc:
+        raise ReportError(f"cannot read report {path}: {exc}") from None
+    if isinstance(header, dict) and header.get("schema") != schema.REPORT_SCHEMA:
+        raise ReportError(
+            f"{path} has report schema {header.get('schema')!r}; this gdn-matrix reads schema {schema.REPORT_SCHEMA}"
+        )
+    try:
+        report = schema.load(schema.Report, text, str(path))
+    except schema.SchemaError as exc:
+        raise ReportError(f"{exc}") from None
+    names = [cell.name for cell in report.cells]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ReportError(f"{path} names these cells more than once: {', '.join(duplicates)}")
+    return asdict(report)
+
+
+def _threshold(text: str) -> float:
+    """A finite, non-negative fraction: nan would compare false with every slowdown and pass them all."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -479,7 +518,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("new", type=Path, metavar="NEW", help="the report.json after the change")
     parser.add_argument(
         "--threshold",
-        type=float,
+        type=_threshold,
         default=DEFAULT_THRESHOLD,
         help="relative slowdown of a benchmark row that counts as a regression (default: 0.1 = 10%%)",
     )
@@ -502,24 +541,35 @@ def run(args: argparse.Namespace) -> int:
         old, new = load_report(args.old), load_report(args.new)
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
-        return 2
-    diff = diff_reports(
-        old,
-        new,
-        slowdown_threshold=args.threshold,
-        route_changes_regress=args.route_changes_regress,
-        skip_not_run=args.skip_not_run,
-    )
+        return EXIT_UNUSABLE
+    try:
+        diff = diff_reports(
+            old,
+            new,
+            slowdown_threshold=args.threshold,
+            route_changes_regress=args.route_changes_regress,
+            skip_not_run=args.skip_not_run,
+        )
+    except Exception:
+        # exit 1 means a regression and nothing else: a crash is not a verdict on the upgrade
+        traceback.print_exc()
+        print("gdn-matrix diff: error: the comparison itself failed (see above)", file=sys.stderr)
+        return EXIT_UNUSABLE
     markdown = diff.to_markdown()
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(markdown)
     print(markdown, end="")
-    return 1 if diff.regressions and not args.no_fail else 0
+    return EXIT_REGRESSION if diff.regressions and not args.no_fail else EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gdn-matrix diff", description="Compare two gdn-matrix report.json files.")
+    parser = argparse.ArgumentParser(
+        prog="gdn-matrix diff",
+        description="Compare two gdn-matrix report.json files.",
+        epilog=EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_arguments(parser)
     return parser
 

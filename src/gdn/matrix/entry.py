@@ -20,7 +20,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gdn.matrix.results import FAMILY_MARKERS, write_json
+from gdn.matrix.jsonio import write_json
+from gdn.matrix.results import FAMILY_MARKERS
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
 PYTEST_NO_TESTS = 5

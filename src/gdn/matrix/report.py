@@ -10,34 +10,39 @@ never "not met".
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import sys
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gdn.matrix import devices, peers, speed
+from gdn.matrix import devices, peers, schema, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
-from gdn.matrix.results import (
-    FAMILY_MARKERS,
-    STATUSES,
-    CellResults,
-    TestCase,
-    atomic_write,
-    read_results,
-    write_json,
-)
+from gdn.matrix.jsonio import atomic_write
+from gdn.matrix.results import FAMILY_MARKERS, CellResults, TestCase, read_results
+from gdn.matrix.schema import REPORT_SCHEMA, BenchFile, CellOutcome, ResolutionRecord, Verdict
 from gdn.matrix.versions import VERSION_KEYS, dig, versions
 from gdn.op_names import OP_NAMES
 
-SCHEMA = 1
 NEVER_RUN = "no results: never run"
 # statuses of a cell that never got to its tests: what they would have shown is not known
-NOT_RAN = ("not_run", "build_failed")
+NOT_RAN = ("not_run", "build_failed", "interrupted")
+# a cell's status in torch_npu's per-file vocabulary: no result is MISSING, a run that broke is CRASHED
+VERDICTS: dict[str, Verdict] = {
+    "passed": "PASSED",
+    "failed": "FAILED",
+    "error": "CRASHED",
+    "build_failed": "CRASHED",
+    "timeout": "TIMEOUT",
+    "not_run": "MISSING",
+    "interrupted": "MISSING",
+}
 UNMARKED_FAMILY = "unmarked"
 FAILURES_SHOWN = 20
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
@@ -49,30 +54,21 @@ TEMPLATE = "report.html.j2"
 # ---------------------------------------------------------------- report.json
 
 
-def _resolution_entry(record: dict[str, Any]) -> dict[str, Any]:
-    if "error" in record:
-        return {"backend": None, "route": None, "error": str(record["error"])}
-    rejected = [
-        {"backend": r.get("backend"), "reason": r.get("reason")}
-        for r in record.get("rejected") or []
-        if isinstance(r, dict)
-    ]
-    return {"backend": record.get("backend"), "route": record.get("route"), "rejected": rejected}
+def _resolution_entry(record: ResolutionRecord) -> dict[str, Any]:
+    if record.error is not None:
+        return {"backend": None, "route": None, "error": record.error}
+    rejected = [{"backend": r.backend, "reason": r.reason} for r in record.rejected]
+    return {"backend": record.backend, "route": record.route, "rejected": rejected}
 
 
 def _op_order(op: str) -> tuple[int, str]:
     return (OP_NAMES.index(op) if op in OP_NAMES else len(OP_NAMES), op)
 
 
-def resolution_map(records: list[Any], problems: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def resolution_map(records: list[ResolutionRecord]) -> dict[str, dict[str, dict[str, Any]]]:
     by_op: dict[str, dict[str, dict[str, Any]]] = {}
-    for i, record in enumerate(records):
-        if not (
-            isinstance(record, dict) and isinstance(record.get("op"), str) and isinstance(record.get("device"), str)
-        ):
-            problems.append(f"resolution record #{i} has no op and device: {record!r:.200}")
-            continue
-        by_op.setdefault(record["op"], {})[record["device"]] = _resolution_entry(record)
+    for record in records:
+        by_op.setdefault(record.op, {})[record.device] = _resolution_entry(record)
     return {op: by_op[op] for op in sorted(by_op, key=_op_order)}
 
 
@@ -104,14 +100,10 @@ def failures(tests: list[TestCase]) -> list[dict[str, Any]]:
     ]
 
 
-def bench_rows(bench: Any, problems: list[str]) -> list[dict[str, Any]] | None:
+def bench_rows(bench: BenchFile | None, problems: list[str]) -> list[dict[str, Any]] | None:
     if bench is None:
         return None
-    rows = bench.get("rows") if isinstance(bench, dict) else None
-    if not isinstance(rows, list):
-        problems.append("bench.json has no 'rows' list")
-        return None
-    rows = [row for row in rows if isinstance(row, dict)]
+    rows = [row.to_json() if hasattr(row, "to_json") else asdict(row) for row in bench.rows]
     problems += speed.row_problems(rows)
     return rows
 
@@ -163,22 +155,26 @@ def expectations(cell: Cell | None, entry: dict[str, Any]) -> list[dict[str, Any
     return checked
 
 
-def _status(outcome: dict[str, Any] | None, problems: list[str]) -> tuple[str, str | None]:
+def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]:
+    outcome = results.outcome
     if outcome is None:
-        return "error", problems[0] if problems else "cell.json is missing"
-    status, reason = outcome.get("status"), outcome.get("reason")
-    if status not in STATUSES:
-        problems.append(f"cell.json has an unknown status {status!r}")
-        return "error", f"unknown status {status!r}"
-    if status == "passed" and problems:
+        if results.interrupted is not None and not results.invalid:
+            return "interrupted", results.interrupted.reason
+        first = problems[0] if problems else "cell.json is missing"
+        return "error", f"invalid results: {first}" if first in results.invalid else first
+    if results.invalid:
+        # a file that does not validate: what it held is unknown, so the cell cannot have passed
+        return "error", f"invalid results: {results.invalid[0]}"
+    if outcome.status == "passed" and problems:
         # what cannot be read cannot be shown to have passed
         return "error", f"results unreadable: {problems[0]}"
-    return status, reason
+    return outcome.status, outcome.reason
 
 
 def _never_run(cell: Cell) -> CellResults:
     reason = f"{NEVER_RUN}; {devices.needs_text(cell.device, cell.runtime)}"
-    return CellResults(name=cell.name, outcome={"status": "not_run", "reason": reason})
+    outcome = CellOutcome(cell=cell.name, status="not_run", device=cell.device, runtime=cell.runtime, reason=reason)
+    return CellResults(name=cell.name, outcome=outcome)
 
 
 def cards(device: str | None, manifest: dict[str, Any] | None) -> list[str]:
@@ -190,17 +186,17 @@ def cards(device: str | None, manifest: dict[str, Any] | None) -> list[str]:
 
 def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
     problems = list(results.problems)
-    resolution = resolution_map(results.resolution, problems)
+    resolution = resolution_map(results.resolution)
     bench = bench_rows(results.bench, problems)
-    outcome = results.outcome if isinstance(results.outcome, dict) else None
     # last, so that it sees every problem found while reading the cell
-    status, reason = _status(outcome, problems)
-    known = outcome or {}
+    status, reason = _status(results, problems)
+    known = asdict(results.outcome) if results.outcome is not None else {}
     device = known.get("device") or (cell.device if cell else None)
     entry: dict[str, Any] = {
         "name": results.name,
         "status": status,
         "reason": reason,
+        "verdict": VERDICTS[status],
         "device": device,
         "runtime": known.get("runtime") or (cell.runtime if cell else None),
         "matrix_runtime": known.get("matrix_runtime") or (cell.runtime if cell else None),
@@ -224,6 +220,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
     }
     entry["expectations"] = expectations(cell, entry)
     entry["problems"] = problems
+    entry["interrupted"] = asdict(results.interrupted) if results.interrupted is not None else None
     return entry
 
 
@@ -237,7 +234,7 @@ def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, 
     cells = [cell_entry(found.pop(c.name, None) or _never_run(c), c) for c in (matrix.cells if matrix else ())]
     cells += [cell_entry(found[name], None) for name in sorted(found)]
     return {
-        "schema": SCHEMA,
+        "schema": REPORT_SCHEMA,
         "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "ops": list(OP_NAMES),
         "cells": cells,
@@ -346,6 +343,14 @@ def hardware_note(cell: dict[str, Any]) -> str | None:
     return f"not run on real {cell['device']} hardware"
 
 
+def interrupted_text(cell: dict[str, Any]) -> str | None:
+    """A later run that was interrupted, beside the complete one the cell shows."""
+    record = cell.get("interrupted")
+    if not record:
+        return None
+    return f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+
+
 def expectation_text(expect: dict[str, Any]) -> str:
     wanted = expect["backend"] + (f" ({expect['route']})" if expect.get("route") else "")
     if expect.get("actual_backend") is None:
@@ -362,6 +367,7 @@ STATUS_ICONS = {
     "timeout": "⏱️",
     "build_failed": "🧱",
     "not_run": "⚪",
+    "interrupted": "⏹️",
 }
 
 
@@ -476,6 +482,8 @@ def _md_notes(report: dict[str, Any]) -> list[str]:
             unmet = [e for e in cell.get("expectations") or [] if e["ok"] is False]
             notes += [f"expectation not met: {expectation_text(e)}" for e in unmet]
         if note := hardware_note(cell):
+            notes.append(note)
+        if cell["status"] != "interrupted" and (note := interrupted_text(cell)):
             notes.append(note)
         lines += [f"- **{cell['name']}**: {md_cell(n)}" for n in notes]
     return ["## Problems", "", *lines, ""] if lines else []
@@ -594,6 +602,7 @@ def _html_environment():
         family_state=family_state,
         resolution_state=resolution_state,
         hardware_note=hardware_note,
+        interrupted_text=interrupted_text,
         expectation_text=expectation_text,
         expectation_state=expectation_state,
         card_text=card_text,
@@ -630,9 +639,12 @@ def render_html(report: dict[str, Any]) -> str:
 
 def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
-    # render everything before writing anything, so a rendering bug cannot leave a mixed set
+    # render everything before writing anything, so a rendering bug cannot leave a mixed set; the
+    # report is checked against its model first, so that diff can read every report this writes
+    text = json.dumps(report, indent=2) + "\n"
+    schema.load(schema.Report, text, "report.json")
     markdown, html = render_markdown(report), render_html(report)
-    write_json(paths["json"], report)
+    atomic_write(paths["json"], text)
     atomic_write(paths["md"], markdown)
     atomic_write(paths["html"], html)
     return paths
@@ -665,7 +677,11 @@ def run(args: argparse.Namespace) -> int:
     except MatrixConfigError as exc:
         print(f"gdn-matrix report: error: {exc}", file=sys.stderr)
         return 2
-    report = build_report(args.results, matrix)
+    try:
+        report = build_report(args.results, matrix)
+    except FileNotFoundError as exc:
+        print(f"gdn-matrix report: error: {exc}", file=sys.stderr)
+        return 2
     paths = write_report(report, args.output or args.results / "report")
     for path in paths.values():
         print(path)

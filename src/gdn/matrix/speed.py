@@ -1,15 +1,32 @@
 """The per-cell speed table of the report: every backend's time per (op, shape, pass), fastest first,
 with its ratio to the fastest, peak memory, what actually ran, and the reason where nothing was timed.
-Built from the typed rows of the cells' bench.json (gdn.matrix.bench_schema)."""
+Built from the typed rows of the cells' bench.json (gdn.matrix.schema)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
-from gdn.matrix.bench_schema import BenchRow, parse_rows, shape_text
+from gdn.matrix.schema import BenchRow, shape_text
 
 HEADER = ["op", "shape", "pass", "backend", "ran", "ms", "× fastest", "peak GiB", "first call s", "note"]
+
+
+def parse_rows(raw: Any) -> tuple[list[BenchRow], list[str]]:
+    """The typed rows of a list of bench rows, and a problem per row that does not validate. Rows of
+    the older untyped form (impl, no backend) are not speed-table rows: they are skipped."""
+    from pydantic import TypeAdapter, ValidationError
+
+    adapter = TypeAdapter(BenchRow)
+    rows, problems = [], []
+    for i, item in enumerate(raw if isinstance(raw, list) else []):
+        if not isinstance(item, dict) or "backend" not in item:
+            continue
+        try:
+            rows.append(adapter.validate_python(item, strict=False))
+        except ValidationError as exc:
+            problems.append(f"bench.json row #{i} is not a bench row: {exc.errors()[0]['msg']}")
+    return rows, problems
 
 
 def cell_rows(cell: dict[str, Any]) -> list[BenchRow]:

@@ -10,7 +10,7 @@ from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.version import InvalidVersion, Version
 
 from gdn.matrix.config import Versions
-from gdn.matrix.results import PinDifference
+from gdn.matrix.schema import PinDifference
 
 VERSION_KEYS = (
     "python",

@@ -1,0 +1,362 @@
+"""The typed models of every file that passes between the matrix's stages, and their JSON Schemas.
+
+    cell.json         CellOutcome      written by the cell runner (gdn.matrix.cell)
+    interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
+    manifest.json     Manifest         written by the probe inside the cell (gdn.probe)
+    resolution.json   ResolutionRecord list, the manifest's resolution records alone
+    bench.json        BenchFile        written by the cell's benchmark (bench.cell)
+    report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
+
+The models are plain dataclasses and this module imports nothing outside the standard library, so the
+writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
+them without pydantic. Readers validate with pydantic (`load`), in strict JSON mode: a field of the
+wrong type is an error naming the file and the field, never a value coerced into something else.
+Keys a model does not name are allowed and ignored (a newer writer may add some).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gdn.matrix.jsonio import write_json
+
+CELL_SCHEMA = 1
+BENCH_SCHEMA = 2
+REPORT_SCHEMA = 1
+
+Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
+# a report's status of a cell adds "interrupted": a run was interrupted and no complete run is recorded
+ReportStatus = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run", "interrupted"]
+# torch_npu's test-result vocabulary, per cell (its parser records one of these per test file)
+Verdict = Literal["PASSED", "FAILED", "CRASHED", "TIMEOUT", "MISSING"]
+Pass = Literal["fwd", "fwd+bwd", "decode"]
+TestOutcome = Literal["passed", "failed", "error", "skipped"]
+
+
+class SchemaError(ValueError):
+    """A file that does not validate against its model; the message names the file and the field."""
+
+
+# ---------------------------------------------------------------- cell.json, interrupted.json
+
+
+@dataclass
+class PinDifference:
+    """A pin of the cell (matrix.yaml `versions`) that the environment it ran in does not have."""
+
+    package: str
+    pinned: str
+    # the version found, "not installed", or "unknown (...)" where the probe could not tell
+    found: str
+
+
+@dataclass
+class CellLock:
+    """The cell's lock as the report shows it."""
+
+    digest: str
+    packages: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CellOutcome:
+    """cell.json: how the cell's last complete run went."""
+
+    cell: str
+    status: Status
+    device: str
+    # the runtime the cell ran in, and the one matrix.yaml gives it (they differ for a docker cell run
+    # on the host: then its results are the host's, not its image's)
+    runtime: str
+    matrix_runtime: str | None = None
+    reason: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    duration_s: float | None = None
+    image: str | None = None
+    image_built: bool | None = None
+    exit_code: int | None = None
+    log_tail: str | None = None
+    real_hardware: bool = False
+    stand_ins: list[str] = field(default_factory=list)
+    families: list[str] = field(default_factory=list)
+    lock: CellLock | None = None
+    # None: not compared (no manifest: the cell did not get to its probe)
+    pin_differences: list[PinDifference] | None = None
+    schema: int = CELL_SCHEMA
+
+    def write(self, directory: Path) -> None:
+        write_json(directory / "cell.json", asdict(self))
+
+
+@dataclass
+class InterruptedRun:
+    """interrupted.json: a run stopped by a signal. It sits beside the last complete run's files, which
+    it never replaces; the next complete run of the cell clears it."""
+
+    cell: str
+    signal: str
+    started_at: str
+    interrupted_at: str
+    reason: str
+    log_tail: str | None = None
+    schema: int = CELL_SCHEMA
+
+
+# ---------------------------------------------------------------- manifest.json, resolution.json
+
+
+@dataclass
+class Rejection:
+    backend: str | None = None
+    reason: str | None = None
+
+
+@dataclass
+class ResolutionRecord:
+    """One (op, device) resolution as gdn.resolve records it, or the error that stopped it."""
+
+    op: str
+    device: str
+    backend: str | None = None
+    route: str | None = None
+    rejected: list[Rejection] = field(default_factory=list)
+    error: str | None = None
+
+
+Section = dict[str, Any]
+
+
+@dataclass
+class Manifest:
+    """manifest.json (gdn.probe): the sections the report reads are typed as objects (a section the
+    probe could not fill is {"error": ...}); everything else the probe records is allowed as is."""
+
+    python: Section | None = None
+    torch: Section | None = None
+    triton: Section | None = None
+    torch_npu: Section | None = None
+    cann: Section | None = None
+    fla_npu: Section | None = None
+    fla: Section | None = None
+    transformers: Section | None = None
+    devices: Section | None = None
+    resolution: list[ResolutionRecord] | None = None
+
+
+# ---------------------------------------------------------------- bench.json
+
+
+def _bench_alias(name: str) -> str:
+    # `pass` is a keyword: the field is pass_ in Python and "pass" in the file
+    return "pass" if name == "pass_" else name
+
+
+@dataclass
+class BenchRow:
+    """One timing, or the reason there is none (backend unavailable or rejected, budget spent).
+
+    `implementation` is what actually ran: the resolved route (e.g. "triton:bundled", "fla:0.6.0") and,
+    for a peer that dispatches on its own, the kernel it chose ("fla:0.6.0 -> flash_qla").
+    `ratio_to_fastest` is ms over the fastest timed backend of the same (op, shape, pass)."""
+
+    __pydantic_config__ = {"alias_generator": _bench_alias}  # noqa: RUF012 - pydantic reads a plain dict
+
+    op: str
+    backend: str
+    shape: dict[str, int]
+    pass_: Pass
+    implementation: str | None = None
+    ms: float | None = None
+    peak_gib: float | None = None
+    ratio_to_fastest: float | None = None
+    first_call_s: float | None = None
+    reason: str | None = None
+    note: str | None = None
+
+    def key(self) -> tuple[str, str, str, str]:
+        return (self.op, self.backend, shape_text(self.shape), self.pass_)
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["pass"] = data.pop("pass_")
+        return data
+
+
+@dataclass
+class LegacyBenchRow:
+    """A row of the older untyped form ({"op", "impl", "shape", "ms"}): plotted, not in speed tables."""
+
+    op: str
+    impl: str
+    shape: Any = None
+    ms: float | str | None = None
+
+
+@dataclass
+class BenchFile:
+    """bench.json."""
+
+    rows: list[BenchRow | LegacyBenchRow]
+    environment: dict[str, Any] = field(default_factory=dict)
+    schema: int = BENCH_SCHEMA
+    budget_s: float | None = None
+    elapsed_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": self.schema,
+            "environment": self.environment,
+            "budget_s": self.budget_s,
+            "elapsed_s": self.elapsed_s,
+            "rows": [row.to_json() for row in self.rows if isinstance(row, BenchRow)],
+        }
+
+
+def shape_text(shape: dict[str, int]) -> str:
+    """B=4 T=4096 H=16 HV=32 K=V=128 (K and V merged when equal)."""
+    parts = dict(shape)
+    if "K" in parts and parts.get("K") == parts.get("V"):
+        parts["K=V"] = parts.pop("K")
+        parts.pop("V")
+    return " ".join(f"{k}={v}" for k, v in parts.items())
+
+
+# ---------------------------------------------------------------- report.json
+
+
+@dataclass
+class ResolutionEntry:
+    backend: str | None = None
+    route: str | None = None
+    rejected: list[Rejection] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class FamilyCounts:
+    passed: int = 0
+    failed: int = 0
+    error: int = 0
+    skipped: int = 0
+    total: int = 0
+
+
+@dataclass
+class Failure:
+    test: str
+    outcome: Literal["failed", "error"]
+    family: str | None = None
+    message: str | None = None
+
+
+@dataclass
+class Expectation:
+    op: str
+    backend: str
+    route: str | None = None
+    actual_backend: str | None = None
+    actual_route: str | None = None
+    # None: not checked (the cell resolved nothing)
+    ok: bool | None = None
+
+
+@dataclass
+class ReportCell:
+    """One cell of report.json."""
+
+    name: str
+    status: ReportStatus
+    reason: str | None = None
+    verdict: Verdict | None = None
+    device: str | None = None
+    runtime: str | None = None
+    matrix_runtime: str | None = None
+    real_hardware: bool | None = None
+    cards: list[str] = field(default_factory=list)
+    stand_ins: list[str] = field(default_factory=list)
+    duration_s: float | None = None
+    image: str | None = None
+    image_built: bool | None = None
+    exit_code: int | None = None
+    log_tail: str | None = None
+    lock: CellLock | None = None
+    versions: dict[str, str | None] = field(default_factory=dict)
+    pin_differences: list[PinDifference] | None = None
+    # op -> torch device -> what resolved there
+    resolution: dict[str, dict[str, ResolutionEntry]] = field(default_factory=dict)
+    families: dict[str, FamilyCounts] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    # bench.json's rows as written (typed rows are validated again by gdn.matrix.speed)
+    bench: list[dict[str, Any]] | None = None
+    peer_kernels: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    expectations: list[Expectation] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    interrupted: InterruptedRun | None = None
+
+
+@dataclass
+class Report:
+    """report.json."""
+
+    schema: int
+    generated_at: str
+    ops: list[str]
+    cells: list[ReportCell]
+
+
+# ---------------------------------------------------------------- reading and publishing
+
+MODELS: dict[str, Any] = {
+    "cell": CellOutcome,
+    "interrupted": InterruptedRun,
+    "manifest": Manifest,
+    "resolution": list[ResolutionRecord],
+    "bench": BenchFile,
+    "report": Report,
+}
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    """('cells', 0, 'failures', 1, 'outcome') -> cells[0].failures[1].outcome"""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def load(model: Any, text: str | bytes, source: str) -> Any:
+    """`text` validated as `model`; SchemaError names `source` (the file) and the first field at fault."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        return TypeAdapter(model).validate_json(text, strict=True)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise SchemaError(f"{source}: {_location(first['loc'])}: {first['msg']}{more}") from None
+
+
+def load_file(model: Any, path: Path) -> Any:
+    """The file validated as `model`: SchemaError says whether it is not JSON or not the model."""
+    try:
+        text = path.read_bytes()
+        json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise SchemaError(f"{path.name} is unreadable: {exc}") from None
+    return load(model, text, path.name)
+
+
+def json_schema(name: str) -> dict[str, Any]:
+    from pydantic import TypeAdapter
+
+    schema = TypeAdapter(MODELS[name]).json_schema(by_alias=True)
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def schema_text(name: str) -> str:
+    return json.dumps(json_schema(name), indent=2) + "\n"
