@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ GROUPS, GROUP = 4, 2  # 8 sequences; ranks own whole groups (GRPO standardises r
 PROMPT = COMPLETION = 1024
 WARMUP = 1
 STEPS = 3  # the whole run (launch, build, compile, both modes, 1 GPU and N) stays within ~4 min on an H200
-RANK_TIMEOUT_S = 180
+RANK_TIMEOUT_S = 150
 
 
 def synthetic_rollout():
@@ -94,7 +93,7 @@ def time_on_rank(out: Path, steps: int) -> None:
         shard(actor, mesh)
         shard(ref, mesh)
     rollout = synthetic_rollout()
-    part = rollout.subset([i for i, group in enumerate(rollout.groups) if group % world == me])
+    part = rollout.subset(rollout.share(me, world))
     batch = padded(part, dev)
     completion_tokens = sum(len(c) for c in rollout.completions)
     rows = []
@@ -140,13 +139,18 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("bench.fsdp_grpo needs CUDA GPUs (NCCL); none here, nothing timed")
         return
-    gpus = max(w for w in (1, 2, 4) if w <= torch.cuda.device_count() and GROUPS % w == 0)
+    # Every rank trains on whole prompt groups: a GPU count that divides GROUPS.
+    gpus = max(w for w in range(1, torch.cuda.device_count() + 1) if GROUPS % w == 0)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for world in dict.fromkeys((1, gpus)):
             out = Path(tmp, f"{world}.json")
             target = ["-m", "bench.fsdp_grpo", "--steps", str(args.steps), "--rank-out", str(out)]
-            subprocess.run(launch.command(world, target), env=launch.environment(), check=True, timeout=RANK_TIMEOUT_S)
+            status, output = launch.run(world, target, RANK_TIMEOUT_S)
+            print(output, end="")
+            if status != 0:
+                why = f"ran past {RANK_TIMEOUT_S} s" if status is None else f"exited with {status}"
+                raise SystemExit(f"bench.fsdp_grpo: the {world}-GPU ranks {why}")
             rows += json.loads(out.read_text())
     for row in rows:
         one_gpu = next(r for r in rows if r["gpus"] == 1 and r["mode"] == row["mode"])

@@ -13,9 +13,6 @@ cancellation floor of grpo.compare."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -37,32 +34,12 @@ WORKER = Path(__file__).parent / "grpo" / "fsdp_worker.py"
 SHARDED = Tolerance(forward=1e-5, gradient=1e-5, tensor=TENSOR_FLOOR)
 CPU_RANKS = 2
 # The GPU ranks compile the triton kernels (and probe them) on their first calls.
-TIMEOUT_S = {"gloo": 120, "nccl": 300}
+TIMEOUT_S = {"gloo": 120, "nccl": 150}
 
 
 def _needs_fsdp2() -> None:
     if not hasattr(pytest.importorskip("torch.distributed.fsdp"), "fully_shard"):
         pytest.skip(f"torch {torch.__version__} has no FSDP2 fully_shard")
-
-
-def _launch(out: Path, backend: str, mode: str, ranks: int) -> subprocess.CompletedProcess:
-    command = launch.command(ranks, [str(WORKER), str(out), backend, mode])
-    # Its own session, so that a hang is ended with every rank it started, not just the launcher.
-    proc = subprocess.Popen(
-        command,
-        env=launch.environment(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S[backend])
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        pytest.fail(f"the FSDP ranks did not finish within {TIMEOUT_S[backend]} s:\n{output[-6000:]}")
-    return subprocess.CompletedProcess(command, proc.returncode, output)
 
 
 def _sharded_matches_one_process(tmp_path: Path, backend: str, mode: str, dev: torch.device, ranks: int) -> None:
@@ -71,8 +48,10 @@ def _sharded_matches_one_process(tmp_path: Path, backend: str, mode: str, dev: t
     fell_back = [op for op, res in resolutions.items() if res.backend != mode]
     assert not fell_back, f"{mode} must serve every op of the step on {dev.type}; fell back: {fell_back}"
     out = tmp_path / "fsdp.pt"
-    done = _launch(out, backend, mode, ranks)
-    assert done.returncode == 0, done.stdout[-6000:]
+    status, output = launch.run(ranks, [str(WORKER), str(out), backend, mode], TIMEOUT_S[backend])
+    if status is None:
+        pytest.fail(f"the FSDP ranks did not finish within {TIMEOUT_S[backend]} s:\n{output[-6000:]}")
+    assert status == 0, output[-6000:]
     saved = torch.load(out, weights_only=True)
     got = Run(Rollout(**saved["rollout"]), StepResult(**saved["step"]), None, {})
     assert len(saved["ranks"]) == ranks

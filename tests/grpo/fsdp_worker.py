@@ -57,7 +57,7 @@ def main(out: Path, backend: str, mode: str) -> None:
         # FSDP2 keeps the root's parameters gathered after a forward that no backward follows; the
         # step's optimizer must be built over the sharded ones.
         actor.reshard()
-        mine = [i for i, group in enumerate(rollout.groups) if group % world == rank]
+        mine = rollout.share(rank, world)
         part = rollout.subset(mine)
         tokens = sum(len(c) for c in rollout.completions)
         step = on_host(grpo_step(actor, ref, part, padded(part, dev), tokens=tokens, world=world))

@@ -4,7 +4,9 @@ and the environment every rank gets."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,8 +21,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def command(ranks: int, target: list[str]) -> list[str]:
-    """torchrun starting `ranks` processes of `target` (a script and its arguments, or -m module ...)."""
+def _command(ranks: int, target: list[str]) -> list[str]:
     return [
         sys.executable,
         "-m",
@@ -35,7 +36,7 @@ def command(ranks: int, target: list[str]) -> list[str]:
     ]
 
 
-def environment() -> dict[str, str]:
+def _environment() -> dict[str, str]:
     """This process's environment, with gdn, the repository and the test helpers importable, the
     collectives' sockets on loopback, and NVLink multicast off: on a host whose GPUs others share, a
     program that uses it can put those GPUs out of service for a day or more."""
@@ -49,3 +50,24 @@ def environment() -> dict[str, str]:
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
         "NVSHMEM_DISABLE_NVLS": "1",
     }
+
+
+def run(ranks: int, target: list[str], timeout_s: float) -> tuple[int | None, str]:
+    """Start `ranks` processes of `target` (a script and its arguments, or -m module ...) and wait:
+    (the launcher's exit status, or None when the ranks were killed at the timeout; their output)."""
+    # Its own session, so that a hang is ended with every rank it started, not just the launcher.
+    proc = subprocess.Popen(
+        _command(ranks, target),
+        env=_environment(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        return None, output
+    return proc.returncode, output
