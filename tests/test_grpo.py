@@ -13,16 +13,22 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
 import gdn
 import gdn.backends.eager
 from gdn.backends.base import Backend
-from grpo.backends import EXPECT_ENV, describe, expected_modes, other_modes, resolve_under, unserved_modules
+from grpo.backends import (
+    EXPECT_ENV,
+    describe,
+    expected_modes,
+    not_compared,
+    other_modes,
+    resolve_under,
+    unserved_modules,
+)
 from grpo.compare import Tolerance, differences
 from grpo.models import device
 from grpo.run import TRANSFORMERS, Run, packing_blocker, run
@@ -47,15 +53,6 @@ def eager_run(kind: str, layout: str) -> Run:
 
 def report(title: str, lines: list[str]) -> None:
     print(title, *(f"  {line}" for line in lines), sep="\n")
-
-
-def not_compared(mode: str, reason: str, outcome: Callable[[str], NoReturn] = pytest.skip) -> NoReturn:
-    """`outcome` (skip, or xfail) for a case of `mode` that cannot be compared here; a failure if this
-    run expects the mode compared."""
-    __tracebackhide__ = True  # reports point at the case, not here
-    if mode in expected_modes():
-        pytest.fail(f"{EXPECT_ENV} expects {mode} compared against eager, but it was not: {reason}")
-    outcome(f"not compared: {reason}")
 
 
 def assert_same(got: Run, want: Run, tol: Tolerance, title: str) -> None:

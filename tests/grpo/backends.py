@@ -4,7 +4,10 @@ really ran through gdn on it."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import NoReturn
 
+import pytest
 import torch
 
 import gdn
@@ -33,6 +36,15 @@ def expected_modes() -> frozenset[str]:
     if unknown:
         raise ValueError(f"{EXPECT_ENV} names {sorted(unknown)}; the modes compared against eager are {other_modes()}")
     return names
+
+
+def not_compared(mode: str, reason: str, outcome: Callable[[str], NoReturn] = pytest.skip) -> NoReturn:
+    """`outcome` (skip, or xfail) for a case of `mode` that cannot be compared here; a failure if this
+    run expects the mode compared."""
+    __tracebackhide__ = True  # reports point at the case, not here
+    if mode in expected_modes():
+        pytest.fail(f"{EXPECT_ENV} expects {mode} compared against eager, but it was not: {reason}")
+    outcome(f"not compared: {reason}")
 
 
 def resolve_under(mode: str, device: torch.device) -> dict[str, gdn.resolve.Resolution]:

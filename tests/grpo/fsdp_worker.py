@@ -1,10 +1,13 @@
-"""One rank of the FSDP smoke test, started by tests/test_fsdp_grpo.py under torchrun (gloo, CPU).
+"""One rank of the FSDP test, started by tests/test_fsdp_grpo.py under torchrun:
+`fsdp_worker.py OUT gloo|nccl MODE`. Over gloo the ranks run on the host; over NCCL each rank runs on
+its own GPU (its LOCAL_RANK).
 
-Every rank patches gdn in, builds the actor and the reference, shards both with FSDP2 (each decoder
-layer, then the root), samples the whole rollout (identical on every rank: same seed, same weights),
-and trains on its prompts' groups with the loss normalised by the global token count. Rank 0 saves
-what the ranks computed together: the rollout, the per-token quantities in rollout order, the summed
-scalars, the full updates, and any GDN module that did not run through gdn."""
+Every rank patches gdn in under MODE, builds the actor and the reference, shards both with FSDP2 (each
+decoder layer, then the root), samples the whole rollout (identical on every rank: same seed, same
+weights), and trains on its prompts' groups with the loss normalised by the global token count. Rank 0
+saves what the ranks computed together: the rollout, the per-token quantities in rollout order, the
+summed scalars, the full updates, and every rank's patch record with the ids of its models' GDN
+modules, on the host."""
 
 from __future__ import annotations
 
@@ -19,12 +22,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from gdn.integrations import transformers as gdn_transformers
-from grpo.backends import resolve_under, unserved_modules
 from grpo.rollout import padded, sample
-from grpo.run import SEED, Run, models, module_ids
-from grpo.step import grpo_step
-
-CPU = torch.device("cpu")
+from grpo.run import SEED, exact_fp32, models, module_ids
+from grpo.step import grpo_step, on_host
 
 
 def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
@@ -33,32 +33,41 @@ def shard(model: torch.nn.Module, mesh: DeviceMesh) -> None:
     fully_shard(model, mesh=mesh)
 
 
-def main(out: Path) -> None:
-    dist.init_process_group("gloo")
+def rank_device(backend: str) -> torch.device:
+    if backend == "nccl":
+        dev = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        # NCCL's communicators, barrier included, work on the current device.
+        torch.cuda.set_device(dev)
+        return dev
+    return torch.device("cpu")
+
+
+def main(out: Path, backend: str, mode: str) -> None:
+    dev = rank_device(backend)
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    # fully_shard's default mesh is on the accelerator when there is one: it would move the CPU
-    # models' shards to the GPU.
-    mesh = init_device_mesh("cpu", (world,))
-    with gdn_transformers.patch(mode="eager") as handle:
-        actor, ref = models("dense", CPU)
+    # Named, not left to fully_shard: its default mesh is on the accelerator when there is one, and it
+    # would move the gloo ranks' shards to the GPU.
+    mesh = init_device_mesh(dev.type, (world,))
+    with exact_fp32(), gdn_transformers.patch(mode=mode) as handle:
+        actor, ref = models("dense", dev)
         shard(actor, mesh)
         shard(ref, mesh)
         rollout = sample(actor, SEED)
         # FSDP2 keeps the root's parameters gathered after a forward that no backward follows; the
         # step's optimizer must be built over the sharded ones.
         actor.reshard()
-        mine = [i for i, group in enumerate(rollout.groups) if group % world == rank]
+        mine = rollout.share(rank, world)
         part = rollout.subset(mine)
         tokens = sum(len(c) for c in rollout.completions)
-        step = grpo_step(actor, ref, part, padded(part, CPU), tokens=tokens, world=world)
-        run = Run(part, step, handle.record(), module_ids(actor, ref))
-    problems = unserved_modules(run, resolve_under("eager", CPU))
+        step = on_host(grpo_step(actor, ref, part, padded(part, dev), tokens=tokens, world=world))
+        served = {"record": handle.record(), "models": module_ids(actor, ref)}
 
     lengths = [len(c) for c in part.completions]
     per_token = {name: getattr(step, name).split(lengths) for name in ("logprobs", "ref_logprobs", "entropy")}
     shares: list = [None] * world
-    dist.all_gather_object(shares, (mine, per_token, problems))
-    scalars = torch.tensor([step.loss, step.pg_loss, step.kl, step.entropy_mean], dtype=torch.float64)
+    dist.all_gather_object(shares, (mine, per_token, served))
+    scalars = torch.tensor([step.loss, step.pg_loss, step.kl, step.entropy_mean], dtype=torch.float64, device=dev)
     dist.all_reduce(scalars)
     if rank == 0:
         by_sample = {i: (share[1], k) for share in shares for k, i in enumerate(share[0])}
@@ -72,7 +81,7 @@ def main(out: Path) -> None:
             {
                 "rollout": dataclasses.asdict(rollout),
                 "step": dataclasses.asdict(result),
-                "problems": [p for share in shares for p in share[2]],
+                "ranks": [share[2] for share in shares],
             },
             out,
         )
@@ -82,7 +91,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
     # Everything is written and the group is gone: skip the interpreter's finalisation, where gloo's
     # worker threads can still drop tensors that need the GIL and abort the rank ("terminate called
     # without an active exception", seen on a loaded 2-core machine) after its work succeeded.

@@ -44,6 +44,11 @@ class Rollout:
             self.sampled[samples],
         )
 
+    def share(self, rank: int, world: int) -> list[int]:
+        """The samples data-parallel rank `rank` of `world` trains on: whole prompt groups, since the
+        advantages are standardised within a group."""
+        return [i for i, group in enumerate(self.groups) if group % world == rank]
+
     def rewards(self) -> torch.Tensor:
         """A deterministic toy reward: the mean token id of the completion, scaled to [0, 1)."""
         return torch.stack([c.double().mean() / VOCAB for c in self.completions]).float()

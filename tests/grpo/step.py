@@ -7,6 +7,7 @@ gradient errors of a backend, yet flip whole steps where a gradient entry is nea
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -113,6 +114,14 @@ def grpo_step(
         grad_norm=grad_norm.item(),
         updates={name: _full(p) - before[name] for name, p in actor.named_parameters()},
     )
+
+
+def on_host(step: StepResult) -> StepResult:
+    """The step with its tensors on the host: steps of different devices or processes compare there."""
+    values = {f.name: getattr(step, f.name) for f in dataclasses.fields(step)}
+    tensors = {name: v.cpu() for name, v in values.items() if isinstance(v, torch.Tensor)}
+    updates = {name: t.cpu() for name, t in step.updates.items()}
+    return dataclasses.replace(step, **tensors, updates=updates)
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
