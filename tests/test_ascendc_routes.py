@@ -19,26 +19,15 @@ from gdn.backends.ascendc import backend as ascendc_backend
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import knobs, routes, surface
 from gdn.backends.ascendc.backend import AscendcBackend
+from standins import legacy as legacy_ext
 from standins.broken import zeros_for_ones
-from standins.support import stand_in_ops
+from standins.support import stable_ops
 
 pytestmark = pytest.mark.probe
 
 CPU_NPU = npu_device.Npu(torch.device("cpu"), stand_in="routes test")
 CHUNK, CONV = routes.CHUNK_OP, routes.CONV_OP
 RECURRENT = "fused_recurrent_gated_delta_rule"
-LEGACY_OPS = (
-    "npu_causal_conv1d",
-    "npu_causal_conv1d_bwd",
-    "npu_recompute_w_u_fwd",
-    "npu_chunk_gated_delta_rule_fwd_h",
-    "npu_chunk_fwd_o",
-    "npu_chunk_bwd_dv_local",
-    "npu_chunk_gated_delta_rule_bwd_dhu",
-    "npu_chunk_bwd_dqkwg",
-    "npu_prepare_wy_repr_bwd_da",
-    "npu_prepare_wy_repr_bwd_full",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -50,15 +39,15 @@ def clean_env(monkeypatch):
 def fla_npu(*, stable=True, legacy=True, composite=False, broken_conv=False) -> surface.Surface:
     """An fla_npu as routes.resolve_plan sees it after loading."""
     replace = {"npu_causal_conv1d_fn": zeros_for_ones} if broken_conv else {}
-    ops = stand_in_ops(composite=composite, **replace)
+    ops = stable_ops(composite=composite) | replace
     found = surface.Surface(version="26.10.0" if stable else "26.6.0", stand_in="hand-built", has_loader=stable)
     if stable:
         found.stable = types.SimpleNamespace(**ops)
     else:
         found.stable_reason = "fla_npu has no load_legacy_torch_ops(): a 26.6-style wheel"
     if legacy:
-        clean = stand_in_ops()  # the legacy extension's conv is a different binding: not broken
-        found.legacy_ops = types.SimpleNamespace(**{name: clean[name] for name in LEGACY_OPS})
+        # the legacy extension's conv is a different binding: not broken
+        found.legacy_ops = types.SimpleNamespace(**legacy_ext.ops())
         found.legacy_loaded, found.legacy = True, "loaded by load_legacy_torch_ops()"
     else:
         found.legacy = "not shipped: FileNotFoundError: not find custom_aclnn_extension_lib*.so"
