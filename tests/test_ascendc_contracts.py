@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from gdn.backends.ascendc import contracts
+from gdn.backends.ascendc import contracts, knobs
 from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, LEGACY, RECURRENT, STABLE, RawOps
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
 from gdn.ops import PREPARE
 from standins import legacy as legacy_ext
-from standins.support import stable_ops
+from standins.support import compare_with_eager, legacy, stable, stable_ops
 
 pytestmark = pytest.mark.single_op
 
@@ -140,3 +140,47 @@ def test_every_contract_cites_its_source(route: str) -> None:
         assert c.sources, c.op
         assert all(s.commit in (contracts.V26_6, contracts.MAIN, contracts.LATER) for s in c.sources), c.op
         assert c.arguments[0].name in c.schema
+
+
+def state_inputs(gen: torch.Generator, *, final: bool) -> dict[str, Any]:
+    cu = [0, 70, 71, 200]
+    return dict(
+        q=torch.randn(1, 200, 2, 128, generator=gen),
+        k=torch.randn(1, 200, 2, 128, generator=gen),
+        v=torch.randn(1, 200, 4, 128, generator=gen),
+        g=-torch.rand(1, 200, 4, generator=gen) * 0.5,
+        beta=torch.rand(1, 200, 4, generator=gen),
+        initial_state=torch.randn(3, 4, 128, 128, generator=gen) * 0.1,
+        output_final_state=final,
+        cu_seqlens=torch.tensor(cu),
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+GRADS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+@pytest.mark.parametrize("route", [LEGACY, STABLE])
+def test_initial_state_gradient_matches_eager(route: str) -> None:
+    """bwd_dhu leaves dh0 uninitialised on both routes (the stand-ins return garbage there, as the
+    real op does); the adapter's own dh0 must agree with eager."""
+    ops = legacy() if route == LEGACY else stable()
+    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops))
+    errors = compare_with_eager(
+        "chunk_gated_delta_rule", fn, state_inputs(torch.Generator().manual_seed(3), final=False), GRADS
+    )
+    assert errors["dinitial_state"] < 1.2e-2, errors
+    assert max(errors.values()) < 3e-2, errors
+
+
+@pytest.mark.parametrize("route", [LEGACY, STABLE])
+def test_final_state_gradient_is_refused_and_runs_eager(route: str) -> None:
+    """A loss on the final state needs dht, which bwd_dhu ignores: the call is refused with its reason
+    and served by eager, so its gradients are eager's exactly."""
+    ops = legacy() if route == LEGACY else stable()
+    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops))
+    errors = compare_with_eager(
+        "chunk_gated_delta_rule", fn, state_inputs(torch.Generator().manual_seed(4), final=True), GRADS
+    )
+    assert max(errors.values()) == 0.0, errors
+    assert any("ignores dht" in reason for reason in knobs.refusals()), knobs.refusals()

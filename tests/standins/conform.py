@@ -23,11 +23,6 @@ from gdn.backends.ascendc.contracts import Contract
 KERNEL_LAYOUTS = {"h": "B HV NT K V", "dh": "B HV NT K V"}
 
 
-def permute(t: torch.Tensor, source: str, target: str) -> torch.Tensor:
-    src, dst = source.split(), target.split()
-    return t if src == dst else t.permute([src.index(s) for s in dst]).contiguous()
-
-
 def _garbage(shape: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     # what uninitialised device memory holds: large values, never the right answer
     gen = torch.Generator().manual_seed(0)
@@ -53,7 +48,7 @@ class Conforming:
                     raise NotImplementedError(f"{c.op} stand-in: {a.name}={value!r} is not modelled")
                 continue
             if a.name in KERNEL_LAYOUTS and isinstance(value, torch.Tensor):
-                value = permute(value, c.layouts[a.name], KERNEL_LAYOUTS[a.name])
+                value = contracts.permute(value, c.layouts[a.name], KERNEL_LAYOUTS[a.name])
             inputs[a.name] = value
         return inputs
 
@@ -70,7 +65,7 @@ class Conforming:
         if not isinstance(value, torch.Tensor):
             return value
         if spec.name in KERNEL_LAYOUTS and spec.layout:
-            value = permute(value, KERNEL_LAYOUTS[spec.name], spec.layout)
+            value = contracts.permute(value, KERNEL_LAYOUTS[spec.name], spec.layout)
         dtype = contracts.output_dtype(spec.dtype, bound) if spec.dtype else None
         return value if dtype is None else value.to(dtype)
 

@@ -378,6 +378,12 @@ def contract(route: str, op: str) -> Contract:
     return CONTRACTS[route][op]
 
 
+def permute(t: torch.Tensor, source: str, target: str) -> torch.Tensor:
+    """t laid out as the symbols `source` -> laid out as `target` (the same symbols, reordered)."""
+    src, dst = source.split(), target.split()
+    return t if src == dst else t.permute([src.index(s) for s in dst]).contiguous()
+
+
 # ---------------------------------------------------------------- checking a call
 
 
