@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from gdn.backends.ascendc import contracts, knobs
-from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
+from gdn.backends.ascendc import contracts
+from gdn.backends.ascendc.chunk import BWD_DHU, ChunkKernels, make_chunk_gated_delta_rule, refusal_of
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, LEGACY, RECURRENT, STABLE, RawOps
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
@@ -174,13 +174,16 @@ def test_initial_state_gradient_matches_eager(route: str) -> None:
 
 
 @pytest.mark.parametrize("route", [LEGACY, STABLE])
-def test_final_state_gradient_is_refused_and_runs_eager(route: str) -> None:
-    """A loss on the final state needs dht, which bwd_dhu ignores: the call is refused with its reason
-    and served by eager, so its gradients are eager's exactly."""
+def test_final_state_gradient_is_refused_with_its_reason(route: str) -> None:
+    """A loss on the final state needs dht, which bwd_dhu ignores: the route refuses the call with its
+    reason (gdn.resolve then serves it elsewhere, tests/test_ascendc_generations.py), and a direct
+    call raises rather than return gradients that miss dht."""
     ops = legacy() if route == LEGACY else stable()
-    fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops))
-    errors = compare_with_eager(
-        "chunk_gated_delta_rule", fn, state_inputs(torch.Generator().manual_seed(4), final=True), GRADS
-    )
-    assert max(errors.values()) == 0.0, errors
-    assert any("ignores dht" in reason for reason in knobs.refusals()), knobs.refusals()
+    kernels = ChunkKernels.bind(ops)
+    inputs = state_inputs(torch.Generator().manual_seed(4), final=True)
+    args = {k: (v.requires_grad_() if k in GRADS else v) for k, v in inputs.items()}
+    call = PREPARE["chunk_gated_delta_rule"](**args)
+    reason = f"{BWD_DHU} ignores dht on this fla_npu: the final state cannot carry a gradient"
+    assert refusal_of(kernels)(call) == reason
+    with pytest.raises(contracts.ContractError, match="ignores dht"):
+        make_chunk_gated_delta_rule(kernels)(*call.args, **call.kwargs)

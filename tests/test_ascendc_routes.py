@@ -242,3 +242,45 @@ def test_fp32_runs_in_bf16_and_half_types_stay():
     assert knobs.kernel_dtype(torch.float32) == torch.bfloat16
     assert knobs.kernel_dtype(torch.float16) == torch.float16
     assert knobs.kernel_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def chunk_args(K: int, V: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return dict(
+        q=torch.randn(1, 40, 2, K, generator=gen),
+        k=torch.randn(1, 40, 2, K, generator=gen),
+        v=torch.randn(1, 40, 4, V, generator=gen),
+        g=-torch.rand(1, 40, 4, generator=gen) * 0.5,
+        beta=torch.rand(1, 40, 4, generator=gen),
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def test_a_shape_outside_the_limits_is_served_by_the_next_backend_with_the_reason(backend_with):
+    backend_with(fla_npu(composite=True))
+    reference = resolver.backends()["eager"].implementation(CHUNK)
+    for _ in range(2):
+        out, _ = gdn.chunk_gated_delta_rule(**chunk_args(64, 128))
+    [record] = [r for r in gdn.resolutions() if r["op"] == CHUNK]
+    assert (record["backend"], record["route"]) == ("ascendc", "ascendc:composite-fwd")
+    [refused] = record["refusals"]
+    assert "npu_chunk_gated_delta_rule_bwd_dhu: K = 64 is outside its limits [128]" in refused["reason"]
+    assert (refused["count"], refused["served_by"]) == (2, "eager")
+    call = gdn.ops.PREPARE[CHUNK](**chunk_args(64, 128))
+    expected, _ = reference(*call.args, **call.kwargs)
+    torch.testing.assert_close(out, expected)
+    # a shape inside the limits is the route's own
+    gdn.chunk_gated_delta_rule(**chunk_args(128, 128))
+    assert [r["refusals"][0]["count"] for r in gdn.resolutions() if r["op"] == CHUNK] == [2]
+
+
+def test_strict_mode_raises_on_a_refused_call_with_the_reason(backend_with, monkeypatch):
+    monkeypatch.setenv(resolver.STRICT_ENV, "1")
+    backend_with(fla_npu())
+    with pytest.raises(gdn.GdnBackendError) as refused:
+        gdn.chunk_gated_delta_rule(**chunk_args(128, 96))
+    assert str(refused.value).startswith(
+        f"gdn: {CHUNK} on cpu: backend 'ascendc' refused the call (npu_chunk_gated_delta_rule_bwd_dhu: V = 96 "
+        "is outside its limits [128, 256])"
+    )
+    assert str(refused.value).endswith("and GDN_STRICT=1 forbids falling back")

@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from gdn._validate import GdnShapes
 from gdn.backends.ascendc import chunk_prep, contracts
-from gdn.backends.ascendc.knobs import kernel_dtype, refuse
+from gdn.backends.ascendc.knobs import kernel_dtype
 from gdn.backends.ascendc.layout import CHUNK, Sequences, sequences
 from gdn.backends.ascendc.raw import CHUNK_OPS, COMPOSITE_FWD, RawOps
-from gdn.backends.eager import EAGER
 from gdn.backends.eager.gated_delta import l2norm_fp32
 
 OP = "chunk_gated_delta_rule"
@@ -203,6 +203,22 @@ class _Composite(torch.autograd.Function):
         return (*grads, None)
 
 
+def _final_needs_grad(output_final_state: bool, *tensors: torch.Tensor | None) -> bool:
+    return output_final_state and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def refusal_of(kernels: ChunkKernels) -> Callable[[Any], str | None]:
+    """Why the route cannot take one validated call (gdn.ops.Call) of the chunk op, or None."""
+
+    def refusal(call: Any) -> str | None:
+        kw = call.kwargs
+        return kernels.refusal(
+            kw["shapes"], _final_needs_grad(kw["output_final_state"], *call.args, kw["initial_state"])
+        )
+
+    return refusal
+
+
 def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
     def chunk_gated_delta_rule(
         q,
@@ -218,25 +234,11 @@ def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
         cu_seqlens,
         use_qk_l2norm_in_kernel: bool,
     ):
-        needs_grad = torch.is_grad_enabled() and any(
-            t is not None and t.requires_grad for t in (q, k, v, g, beta, initial_state)
-        )
-        reason = kernels.refusal(shapes, output_final_state and needs_grad)
+        reason = kernels.refusal(shapes, _final_needs_grad(output_final_state, q, k, v, g, beta, initial_state))
         if reason is not None:
-            refuse(OP, reason)
-            return EAGER.ops[OP](
-                q,
-                k,
-                v,
-                g,
-                beta,
-                shapes=shapes,
-                scale=scale,
-                initial_state=initial_state,
-                output_final_state=output_final_state,
-                cu_seqlens=cu_seqlens,
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            )
+            # gdn.resolve hands such calls to the next backend (refusal_of below): only a direct call
+            # gets here, and it must not silently lose a gradient or reach a kernel outside its limits
+            raise contracts.ContractError(f"{OP}: the ascendc chunk route cannot take this call: {reason}")
         seqs = sequences(shapes.B, shapes.T, cu_seqlens)
         if use_qk_l2norm_in_kernel:
             q, k = l2norm_fp32(q), l2norm_fp32(k)

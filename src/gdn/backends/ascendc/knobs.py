@@ -5,11 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import Counter
 
 import torch
-
-from gdn.resolve import STRICT_ENV, GdnBackendError, strict
 
 log = logging.getLogger("gdn")
 
@@ -18,7 +15,6 @@ FUSED_FWD_ENV = "GDN_NPU_FUSED_FWD"
 KERNEL_DTYPES = (torch.bfloat16, torch.float16)
 
 _logged: set[str] = set()
-_refused: Counter[str] = Counter()
 _lock = threading.Lock()
 
 
@@ -53,19 +49,3 @@ def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
         f"gdn.ascendc: {dtype} inputs run through the AscendC kernels in bfloat16 (they take bf16/fp16)",
     )
     return torch.bfloat16
-
-
-def refuse(op: str, reason: str) -> None:
-    """A call outside what the route's ops can do: GDN_STRICT=1 raises; otherwise the call runs eager,
-    logged once per reason and counted for the backend's record."""
-    if strict():
-        raise GdnBackendError(f"gdn: {op}: backend 'ascendc' refused the call ({reason}) and {STRICT_ENV}=1")
-    with _lock:
-        _refused[f"{op}: {reason}"] += 1
-    log_once(f"refused:{op}:{reason}", logging.WARNING, f"gdn.ascendc: {op}: refused a call ({reason}); it runs eager")
-
-
-def refusals() -> dict[str, int]:
-    """The calls refused in this process, by op and reason, with how many calls each."""
-    with _lock:
-        return dict(_refused)
