@@ -284,3 +284,33 @@ def test_strict_mode_raises_on_a_refused_call_with_the_reason(backend_with, monk
         "is outside its limits [128, 256])"
     )
     assert str(refused.value).endswith("and GDN_STRICT=1 forbids falling back")
+
+
+def conv_args(D: int, W: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return dict(x=torch.randn(2, D, 30, generator=gen), weight=torch.randn(D, W, generator=gen), activation="silu")
+
+
+def recurrent_args(K: int, V: int) -> dict:
+    return {**chunk_args(K, V), "initial_state": torch.zeros(1, 4, K, V), "output_final_state": True}
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "reason"),
+    [
+        (CONV, conv_args(48, 5), "npu_causal_conv1d_fn: W = 5 is outside its limits [2, 3, 4]"),
+        (CONV, conv_args(40, 4), "npu_causal_conv1d_fn: D = 40 must be a multiple of 16"),
+        (RECURRENT, recurrent_args(64, 128), "npu_recurrent_gated_delta_rule: DK = 64 is outside its limits [128]"),
+        (RECURRENT, recurrent_args(128, 256), "npu_recurrent_gated_delta_rule: DV = 256 is outside its limits [128]"),
+    ],
+)
+def test_conv_and_recurrent_calls_outside_the_op_limits_are_served_by_eager(backend_with, op, args, reason):
+    backend_with(fla_npu())
+    out = getattr(gdn, op)(**args)
+    call = gdn.ops.PREPARE[op](**args)
+    expected = resolver.backends()["eager"].implementation(op)(*call.args, **call.kwargs)
+    torch.testing.assert_close(out, expected)
+    [record] = [r for r in gdn.resolutions() if r["op"] == op]
+    assert record["backend"] == "ascendc"
+    [refused] = record["refusals"]
+    assert reason in refused["reason"] and (refused["count"], refused["served_by"]) == (1, "eager")

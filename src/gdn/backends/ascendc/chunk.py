@@ -67,9 +67,9 @@ class ChunkKernels:
     def refusal(self, shapes: GdnShapes, final_needs_grad: bool) -> str | None:
         """Why this route cannot serve a call: a shape outside the chain's limits, or a gradient on the
         final state, which bwd_dhu drops on every fla_npu that predates fla_npu #312."""
-        limits = contracts.limit_problems(self.contract(BWD_DHU), {"K": shapes.K, "V": shapes.V})
+        limits = contracts.refusal(self.route, (BWD_DHU,), {"K": shapes.K, "V": shapes.V})
         if limits:
-            return "; ".join(limits)
+            return limits
         if final_needs_grad and "dht" in self.contract(BWD_DHU).ignored:
             return f"{BWD_DHU} ignores dht on this fla_npu: the final state cannot carry a gradient"
         return None

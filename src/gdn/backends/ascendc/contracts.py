@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -520,6 +520,12 @@ def limit_problems(c: Contract, dims: Mapping[str, int]) -> list[str]:
     if "L" in dims and "W" in dims and dims["L"] < dims["W"] - 1:
         problems.append(f"{c.op}: conv state length {dims['L']} must be at least W - 1 = {dims['W'] - 1}")
     return problems
+
+
+def refusal(route: str, ops: Iterable[str], dims: Mapping[str, int]) -> str | None:
+    """Why a call whose dimensions are `dims` is outside the limits of the route's `ops` (None: inside)."""
+    problems = [p for op in ops for p in limit_problems(contract(route, op), dims)]
+    return "; ".join(problems) or None
 
 
 def violations(c: Contract, args: tuple, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
