@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import types
 
 import pytest
 import torch
@@ -19,9 +18,7 @@ from gdn.backends.ascendc import backend as ascendc_backend
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import knobs, routes, surface
 from gdn.backends.ascendc.backend import AscendcBackend
-from standins import legacy as legacy_ext
-from standins.broken import zeros_for_ones
-from standins.support import stable_ops
+from standins.support import fla_npu
 
 pytestmark = pytest.mark.probe
 
@@ -34,25 +31,6 @@ RECURRENT = "fused_recurrent_gated_delta_rule"
 def clean_env(monkeypatch):
     for name in (knobs.FUSED_FWD_ENV, resolver.STRICT_ENV, resolver.MODE_ENV):
         monkeypatch.delenv(name, raising=False)
-
-
-def fla_npu(*, stable=True, legacy=True, composite=False, broken_conv=False) -> surface.Surface:
-    """An fla_npu as routes.resolve_plan sees it after loading."""
-    replace = {"npu_causal_conv1d_fn": zeros_for_ones} if broken_conv else {}
-    ops = stable_ops(composite=composite) | replace
-    found = surface.Surface(version="26.10.0" if stable else "26.6.0", stand_in="hand-built", has_loader=stable)
-    if stable:
-        found.stable = types.SimpleNamespace(**ops)
-    else:
-        found.stable_reason = "fla_npu has no load_legacy_torch_ops(): a 26.6-style wheel"
-    if legacy:
-        # the legacy extension's conv is a different binding: not broken
-        found.legacy_ops = types.SimpleNamespace(**legacy_ext.ops())
-        found.legacy_loaded, found.legacy = True, "loaded by load_legacy_torch_ops()"
-    else:
-        found.legacy = "not shipped: FileNotFoundError: not find custom_aclnn_extension_lib*.so"
-    found.generation = surface.generation(stable, stable, legacy)
-    return found
 
 
 def reasons(entry: routes.OpRoute) -> dict[str, str]:

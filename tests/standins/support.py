@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from gdn.backends.ascendc import surface
 from gdn.backends.ascendc.contracts import CONTRACTS
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, CONV_FN, LEGACY, STABLE, RawOps
 from gdn.backends.eager import EAGER
@@ -16,6 +17,7 @@ from gdn.ops import PREPARE
 from reference import rel_err
 from standins import kernels_chunk, kernels_conv, kernels_recurrent
 from standins import legacy as legacy_ext
+from standins.broken import zeros_for_ones
 from standins.conform import conforming
 
 _MODULES = (kernels_chunk, kernels_conv, kernels_recurrent)
@@ -78,3 +80,22 @@ def compare_with_eager(op: str, fn: Callable, inputs: dict[str, Any], grads: tup
         assert ours[name].shape == expected.shape, name
         assert ours[name].dtype == expected.dtype, name
     return {name: rel_err(ours[name], ref[name]) for name in ref}
+
+
+def fla_npu(*, stable=True, legacy=True, composite=False, broken_conv=False) -> surface.Surface:
+    """An fla_npu as routes.resolve_plan sees it after loading."""
+    replace = {"npu_causal_conv1d_fn": zeros_for_ones} if broken_conv else {}
+    ops = stable_ops(composite=composite) | replace
+    found = surface.Surface(version="26.10.0" if stable else "26.6.0", stand_in="hand-built", has_loader=stable)
+    if stable:
+        found.stable = types.SimpleNamespace(**ops)
+    else:
+        found.stable_reason = "fla_npu has no load_legacy_torch_ops(): a 26.6-style wheel"
+    if legacy:
+        # the legacy extension's conv is a different binding: not broken
+        found.legacy_ops = types.SimpleNamespace(**legacy_ext.ops())
+        found.legacy_loaded, found.legacy = True, "loaded by load_legacy_torch_ops()"
+    else:
+        found.legacy = "not shipped: FileNotFoundError: not find custom_aclnn_extension_lib*.so"
+    found.generation = surface.generation(stable, stable, legacy)
+    return found
