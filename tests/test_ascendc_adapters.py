@@ -1,20 +1,20 @@
 """The ascendc adapters against eager, in process: each route's raw ops are the stand-in kernels
 (tests/standins), which compute the AscendC ops' contracts and refuse what the real ops refuse (fp32
 operands, device tensors where host int lists belong, empty sequences, chunk indices that do not
-match cu_seqlens). Outputs and gradients agreeing with eager to bf16 rounding proves the plumbing:
+match cu_seqlens, shapes outside the ops' limits). Outputs and gradients agreeing with eager to bf16
+rounding proves the plumbing:
 layouts and transposes, the tensors saved for the backward, the host lists and the empty-sequence
 handling. The kernels run in bf16, so the tolerance is a bf16 one (observed errors ~4e-3; a wrong
 layout or a missing term costs O(1))."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
 
 from gdn.backends.ascendc import chunk as chunk_module
-from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
+from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule, refusal_of
+from gdn.backends.ascendc.contracts import ContractError
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
 from gdn.ops import PREPARE
@@ -33,7 +33,8 @@ CONV = "causal_conv1d_fn"
 CHUNK_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
 
 
-def gdn_inputs(gen, *, B=1, T=150, H=2, HV=4, K=32, V=32, cu=None, dtype=torch.float32, state=True, final=True):
+# the chain's and the recurrent op's head dims (K = 128, V in {128, 256}; Dk = Dv = 128 on the stable API)
+def gdn_inputs(gen, *, B=1, T=150, H=2, HV=4, K=128, V=128, cu=None, dtype=torch.float32, state=True, final=True):
     N = B if cu is None else len(cu) - 1
     return dict(
         q=torch.randn(B, T, H, K, generator=gen).to(dtype),
@@ -46,6 +47,17 @@ def gdn_inputs(gen, *, B=1, T=150, H=2, HV=4, K=32, V=32, cu=None, dtype=torch.f
         cu_seqlens=None if cu is None else torch.tensor(cu),
         use_qk_l2norm_in_kernel=True,
     )
+
+
+def compare_chunk(fn, inputs: dict, grads: tuple[str, ...]) -> dict[str, float]:
+    """Outputs (the final state among them) and gradients against eager. The route refuses a final
+    state that needs a gradient (bwd_dhu ignores dht), so a call that returns the final state is
+    compared forward only and its gradients without the final state."""
+    if not inputs["output_final_state"]:
+        return compare_with_eager(CHUNK, fn, inputs, grads)
+    forward = compare_with_eager(CHUNK, fn, inputs)
+    backward = compare_with_eager(CHUNK, fn, {**inputs, "output_final_state": False}, grads)
+    return {f"final_state_call.{k}": v for k, v in forward.items()} | backward
 
 
 def assert_close(errors: dict[str, float], tol: float = TOL) -> None:
@@ -73,7 +85,7 @@ def test_decomposed_chunk_matches_eager(gen, route, case, dtype):
     fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops))
     inputs = gdn_inputs(gen, dtype=dtype, **CHUNK_CASES[case])
     grads = tuple(n for n in CHUNK_GRADS if inputs.get(n) is not None)
-    assert_close(compare_with_eager(CHUNK, fn, inputs, grads))
+    assert_close(compare_chunk(fn, inputs, grads))
 
 
 @pytest.mark.parametrize("case", ["dense_v128", "varlen_v256"])
@@ -84,8 +96,8 @@ def test_composite_forward_matches_eager_and_is_used(gen, case):
     fn = make_chunk_gated_delta_rule(ChunkKernels(**{**vars(kernels), "composite": composite}))
     shape = dict(B=2, T=80, K=128, V=128) if case == "dense_v128" else dict(T=140, K=128, V=256, cu=[0, 70, 70, 140])
     inputs = gdn_inputs(gen, **shape)
-    assert_close(compare_with_eager(CHUNK, fn, inputs, CHUNK_GRADS))
-    assert len(composite.calls) == 1
+    assert_close(compare_chunk(fn, inputs, CHUNK_GRADS))
+    assert len(composite.calls) == 2  # with the final state (forward only) and without (gradients)
     _, kwargs = composite.calls[0]
     assert kwargs["layout"] == "BSND" and kwargs["disable_recompute"] is True
     assert kwargs["use_qk_l2norm_in_kernel"] is False and kwargs["use_exp2"] is False
@@ -94,17 +106,29 @@ def test_composite_forward_matches_eager_and_is_used(gen, case):
         assert kwargs["chunk_indices"] == [0, 0, 0, 1, 1, 0, 1, 1]
 
 
-def test_composite_is_skipped_outside_its_shapes_with_one_log_line(gen, caplog):
-    caplog.set_level(logging.INFO, logger="gdn")
+@pytest.mark.parametrize(("K", "V"), [(64, 128), (128, 96), (32, 32)])
+def test_head_dims_outside_the_chain_limits_are_refused(gen, K, V):
     ops = stable()
     composite = Counted(ops.get("npu_chunk_gated_delta_rule_fwd"))
-    kernels = ChunkKernels.bind(ops, ops)
-    fn = make_chunk_gated_delta_rule(ChunkKernels(**{**vars(kernels), "composite": composite}))
-    for _ in range(3):
-        assert_close(compare_with_eager(CHUNK, fn, gdn_inputs(gen, B=1, T=40, K=64, V=96), CHUNK_GRADS))
+    kernels = ChunkKernels(**{**vars(ChunkKernels.bind(ops, ops)), "composite": composite})
+    args = {k: (v.requires_grad_() if k in CHUNK_GRADS else v) for k, v in gdn_inputs(gen, T=40, K=K, V=V).items()}
+    call = PREPARE[CHUNK](**args)
+    reason = refusal_of(kernels)(call)
+    bad = f"K = {K}" if K != 128 else f"V = {V}"
+    assert reason is not None and f"{bad} is outside its limits" in reason
+    # a direct call never reaches the kernels (gdn.resolve hands a refused call to the next backend)
+    with pytest.raises(ContractError, match=f"{bad} is outside its limits"):
+        make_chunk_gated_delta_rule(kernels)(*call.args, **call.kwargs)
     assert composite.calls == []
-    lines = [r.getMessage() for r in caplog.records if "K = 64, V = 96 runs the decomposed forward" in r.getMessage()]
-    assert len(lines) == 1
+
+
+def test_a_final_state_gradient_is_refused_and_a_final_state_alone_is_not(gen):
+    kernels = ChunkKernels.bind(legacy())
+    args = {k: (v.requires_grad_() if k in CHUNK_GRADS else v) for k, v in gdn_inputs(gen, T=40).items()}
+    assert "ignores dht" in refusal_of(kernels)(PREPARE[CHUNK](**args))
+    assert refusal_of(kernels)(PREPARE[CHUNK](**{**args, "output_final_state": False})) is None
+    with torch.no_grad():  # inference: no gradient can reach the final state
+        assert refusal_of(kernels)(PREPARE[CHUNK](**args)) is None
 
 
 @pytest.mark.parametrize("composite", [False, True])
@@ -112,7 +136,7 @@ def test_forward_saves_exactly_what_the_backward_needs(gen, composite):
     ops = stable()
     fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops, ops if composite else None))
     B, T, H, HV, K, V = 1, 150, 2, 4, 128, 128
-    inputs = gdn_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, cu=[0, 50, 150])
+    inputs = gdn_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, cu=[0, 50, 150], final=False)
     args = {k: (v.requires_grad_() if k in CHUNK_GRADS else v) for k, v in inputs.items()}
     call = PREPARE[CHUNK](**args)
     o, _ = fn(*call.args, **call.kwargs)
@@ -134,8 +158,8 @@ def test_a_missing_transpose_is_caught(gen, monkeypatch):
     # the oracle can fail: feeding the head-first chain token-major tensors must not pass
     monkeypatch.setattr(chunk_module, "_head_first", lambda x: x.contiguous())
     fn = make_chunk_gated_delta_rule(ChunkKernels.bind(stable()))
-    with pytest.raises(RuntimeError, match=r"does not match|must have shape"):
-        compare_with_eager(CHUNK, fn, gdn_inputs(gen, B=2, T=64), CHUNK_GRADS)
+    with pytest.raises(ContractError, match=r"must be \[B, HV, T\] with T = 2"):
+        compare_with_eager(CHUNK, fn, gdn_inputs(gen, B=2, T=64, final=False), CHUNK_GRADS)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -207,14 +231,17 @@ def test_legacy_conv_backward_runs_per_sequence(gen):
     assert all(kw["input_layout"] == "NTD" and kw["activation"] == 0 for _, kw in backward.calls)
 
 
-def test_stable_conv_passes_device_metadata_with_host_twins(gen):
+def test_stable_conv_passes_the_host_metadata_only(gen):
+    # later builds refuse a device tensor together with its `_cpu` twin ("mutually exclusive")
     fn_entry = Counted(kernels_conv.npu_causal_conv1d_fn)
     kernels = ConvKernels.bind(stable(npu_causal_conv1d_fn=fn_entry))
     assert kernels.entry == "fla_npu.ops.ascendc.npu_causal_conv1d_fn"
     assert_close(compare_with_eager(CONV, make_causal_conv1d_fn(kernels), conv_varlen(gen)))
     _, kwargs = fn_entry.calls[0]
-    assert isinstance(kwargs["query_start_loc"], torch.Tensor)
+    for name in ("query_start_loc", "cache_indices", "has_initial_state"):
+        assert kwargs.get(name) is None, name
     assert kwargs["query_start_loc_cpu"] == [0, 2, 30, 42]  # the empty sequence never reaches the kernel
+    assert kwargs["cache_indices_cpu"] == [0, 1, 2] and kwargs["has_initial_state_cpu"] == [1, 1, 1]
     assert kwargs["activation"] is None  # silu runs in torch, so the backward op needs no pre-activation
 
 
@@ -235,7 +262,7 @@ def test_pool_decode_matches_eager_and_leaves_other_rows(gen):
     ops = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))
     base = gdn_inputs(gen, T=7, cu=[0, 3, 3, 4, 7], state=False)
     inputs = {k: base[k] for k in ("q", "k", "v", "g", "beta", "cu_seqlens", "use_qk_l2norm_in_kernel")}
-    inputs |= dict(ssm_pool=torch.randn(6, 4, 32, 32, generator=gen) * 0.1, ssm_indices=torch.tensor([2, 5, -1, 0]))
+    inputs |= dict(ssm_pool=torch.randn(6, 4, 128, 128, generator=gen) * 0.1, ssm_indices=torch.tensor([2, 5, -1, 0]))
     op = "fused_recurrent_gated_delta_rule_update"
     assert_close(compare_with_eager(op, ops[op], inputs))
 

@@ -30,6 +30,8 @@ NO_COMPOSITE = "fla_npu.ops.ascendc has no npu_chunk_gated_delta_rule_fwd"
 NO_RECURRENT = "lacks torch.ops.npu.npu_recurrent_gated_delta_rule"
 PREFERRED = "also available; ascendc:stable-api is preferred"
 PROBE_FAILED = "numeric conv probe failed: ones.out: all zeros where the reference is not"
+# every stand-in generation follows an fla_npu older than fla_npu #312, whose bwd_dhu ignores dht
+NO_DHT = "npu_chunk_gated_delta_rule_bwd_dhu ignores dht on this fla_npu: the final state cannot carry a gradient"
 
 # run -> (stand-in profile, extra environment). Each run is a process of its own, so runs combine
 # what can share one: GDN_NPU_FUSED_FWD=1 without the composite rides with the broken stable conv.
@@ -152,6 +154,17 @@ def test_each_generation_resolves_reports_and_computes_through_its_routes(outcom
     for name, errors in resolved["parity"].items():
         assert errors and max(errors.values()) < PARITY_TOL, (name, errors)
 
+    # a loss on the final state: the route refuses the call with its reason, eager serves it (exactly
+    # eager's gradients), and the record and the manifest's probe say so
+    if CHUNK in served and served[CHUNK] != "eager":
+        step = resolved["final_state_step"]
+        assert step and set(step.values()) == {0.0}, step
+        [record] = [r for r in resolved["resolutions"] if r["op"] == CHUNK]
+        assert record["refusals"] == [{"reason": NO_DHT, "count": 1, "served_by": "eager"}]
+        [probed] = [r for r in manifest["resolution"] if r["op"] == CHUNK]
+        assert probed["probe"]["refused"] == {"dense": NO_DHT, "varlen": NO_DHT}, probed["probe"]
+        assert probed["probe"]["passed"] is True and "varlen_state_in.dinitial_state" in probed["probe"]["rel_err"]
+
     # the probe manifest names the same routes, marks the stand-ins and gives the verdicts
     assert manifest["ascendc"]["routes"] == plan["routes"]
     assert manifest["fla_npu"]["stand_in"] == profile.label == plan["surface"]["stand_in"]
@@ -188,6 +201,7 @@ def test_broken_stable_conv_is_rejected_by_its_probe_and_legacy_serves(outcome):
     assert warnings == [
         f"WARNING gdn.ascendc: GDN_NPU_FUSED_FWD=1 but {NO_COMPOSITE}: the decomposed forward serves",
         f"WARNING gdn.ascendc: {CONV} -> {LEGACY} ({STABLE}: {PROBE_FAILED})",
+        f"WARNING gdn: {CHUNK} on cpu: ascendc refused a call ({NO_DHT}); eager serves it",
     ]
 
 

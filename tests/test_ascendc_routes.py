@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import types
 
 import pytest
 import torch
@@ -19,51 +18,19 @@ from gdn.backends.ascendc import backend as ascendc_backend
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import knobs, routes, surface
 from gdn.backends.ascendc.backend import AscendcBackend
-from standins.broken import zeros_for_ones
-from standins.support import stand_in_ops
+from standins.support import fla_npu
 
 pytestmark = pytest.mark.probe
 
 CPU_NPU = npu_device.Npu(torch.device("cpu"), stand_in="routes test")
 CHUNK, CONV = routes.CHUNK_OP, routes.CONV_OP
 RECURRENT = "fused_recurrent_gated_delta_rule"
-LEGACY_OPS = (
-    "npu_causal_conv1d",
-    "npu_causal_conv1d_bwd",
-    "npu_recompute_w_u_fwd",
-    "npu_chunk_gated_delta_rule_fwd_h",
-    "npu_chunk_fwd_o",
-    "npu_chunk_bwd_dv_local",
-    "npu_chunk_gated_delta_rule_bwd_dhu",
-    "npu_chunk_bwd_dqkwg",
-    "npu_prepare_wy_repr_bwd_da",
-    "npu_prepare_wy_repr_bwd_full",
-)
 
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
     for name in (knobs.FUSED_FWD_ENV, resolver.STRICT_ENV, resolver.MODE_ENV):
         monkeypatch.delenv(name, raising=False)
-
-
-def fla_npu(*, stable=True, legacy=True, composite=False, broken_conv=False) -> surface.Surface:
-    """An fla_npu as routes.resolve_plan sees it after loading."""
-    replace = {"npu_causal_conv1d_fn": zeros_for_ones} if broken_conv else {}
-    ops = stand_in_ops(composite=composite, **replace)
-    found = surface.Surface(version="26.10.0" if stable else "26.6.0", stand_in="hand-built", has_loader=stable)
-    if stable:
-        found.stable = types.SimpleNamespace(**ops)
-    else:
-        found.stable_reason = "fla_npu has no load_legacy_torch_ops(): a 26.6-style wheel"
-    if legacy:
-        clean = stand_in_ops()  # the legacy extension's conv is a different binding: not broken
-        found.legacy_ops = types.SimpleNamespace(**{name: clean[name] for name in LEGACY_OPS})
-        found.legacy_loaded, found.legacy = True, "loaded by load_legacy_torch_ops()"
-    else:
-        found.legacy = "not shipped: FileNotFoundError: not find custom_aclnn_extension_lib*.so"
-    found.generation = surface.generation(stable, stable, legacy)
-    return found
 
 
 def reasons(entry: routes.OpRoute) -> dict[str, str]:
@@ -253,3 +220,75 @@ def test_fp32_runs_in_bf16_and_half_types_stay():
     assert knobs.kernel_dtype(torch.float32) == torch.bfloat16
     assert knobs.kernel_dtype(torch.float16) == torch.float16
     assert knobs.kernel_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def chunk_args(K: int, V: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return dict(
+        q=torch.randn(1, 40, 2, K, generator=gen),
+        k=torch.randn(1, 40, 2, K, generator=gen),
+        v=torch.randn(1, 40, 4, V, generator=gen),
+        g=-torch.rand(1, 40, 4, generator=gen) * 0.5,
+        beta=torch.rand(1, 40, 4, generator=gen),
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def test_a_shape_outside_the_limits_is_served_by_the_next_backend_with_the_reason(backend_with):
+    backend_with(fla_npu(composite=True))
+    reference = resolver.backends()["eager"].implementation(CHUNK)
+    for _ in range(2):
+        out, _ = gdn.chunk_gated_delta_rule(**chunk_args(64, 128))
+    [record] = [r for r in gdn.resolutions() if r["op"] == CHUNK]
+    assert (record["backend"], record["route"]) == ("ascendc", "ascendc:composite-fwd")
+    [refused] = record["refusals"]
+    assert "npu_chunk_gated_delta_rule_bwd_dhu: K = 64 is outside its limits [128]" in refused["reason"]
+    assert (refused["count"], refused["served_by"]) == (2, "eager")
+    call = gdn.ops.PREPARE[CHUNK](**chunk_args(64, 128))
+    expected, _ = reference(*call.args, **call.kwargs)
+    torch.testing.assert_close(out, expected)
+    # a shape inside the limits is the route's own
+    gdn.chunk_gated_delta_rule(**chunk_args(128, 128))
+    assert [r["refusals"][0]["count"] for r in gdn.resolutions() if r["op"] == CHUNK] == [2]
+
+
+def test_strict_mode_raises_on_a_refused_call_with_the_reason(backend_with, monkeypatch):
+    monkeypatch.setenv(resolver.STRICT_ENV, "1")
+    backend_with(fla_npu())
+    with pytest.raises(gdn.GdnBackendError) as refused:
+        gdn.chunk_gated_delta_rule(**chunk_args(128, 96))
+    assert str(refused.value).startswith(
+        f"gdn: {CHUNK} on cpu: backend 'ascendc' refused the call (npu_chunk_gated_delta_rule_bwd_dhu: V = 96 "
+        "is outside its limits [128, 256])"
+    )
+    assert str(refused.value).endswith("and GDN_STRICT=1 forbids falling back")
+
+
+def conv_args(D: int, W: int) -> dict:
+    gen = torch.Generator().manual_seed(0)
+    return dict(x=torch.randn(2, D, 30, generator=gen), weight=torch.randn(D, W, generator=gen), activation="silu")
+
+
+def recurrent_args(K: int, V: int) -> dict:
+    return {**chunk_args(K, V), "initial_state": torch.zeros(1, 4, K, V), "output_final_state": True}
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "reason"),
+    [
+        (CONV, conv_args(48, 5), "npu_causal_conv1d_fn: W = 5 is outside its limits [2, 3, 4]"),
+        (CONV, conv_args(40, 4), "npu_causal_conv1d_fn: D = 40 must be a multiple of 16"),
+        (RECURRENT, recurrent_args(64, 128), "npu_recurrent_gated_delta_rule: DK = 64 is outside its limits [128]"),
+        (RECURRENT, recurrent_args(128, 256), "npu_recurrent_gated_delta_rule: DV = 256 is outside its limits [128]"),
+    ],
+)
+def test_conv_and_recurrent_calls_outside_the_op_limits_are_served_by_eager(backend_with, op, args, reason):
+    backend_with(fla_npu())
+    out = getattr(gdn, op)(**args)
+    call = gdn.ops.PREPARE[op](**args)
+    expected = resolver.backends()["eager"].implementation(op)(*call.args, **call.kwargs)
+    torch.testing.assert_close(out, expected)
+    [record] = [r for r in gdn.resolutions() if r["op"] == op]
+    assert record["backend"] == "ascendc"
+    [refused] = record["refusals"]
+    assert reason in refused["reason"] and (refused["count"], refused["served_by"]) == (1, "eager")

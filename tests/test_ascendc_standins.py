@@ -1,17 +1,22 @@
 """The stand-in kernels refuse what the AscendC ops refuse. The adapter tests prove the plumbing only
 because of this: an adapter that passed fp32 operands, a device tensor for an int[] host list, an empty
-sequence or chunk indices that disagree with cu_seqlens would fail there as it fails on the NPU."""
+sequence or chunk indices that disagree with cu_seqlens would fail there as it fails on the NPU. The
+interface checks come from the op contracts (standins.conform), so they are asked of the ops a
+generation exposes (standins.support.stable_ops); the math kernels check what the math needs."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from standins import kernels_chunk, kernels_conv, kernels_recurrent
+from gdn.backends.ascendc.contracts import ContractError
+from standins import kernels_chunk
+from standins.support import stable_ops
 
 pytestmark = pytest.mark.single_op
 
-B, H, HV, T, K, V = 1, 2, 4, 70, 32, 32
+B, H, HV, T, K, V = 1, 2, 4, 70, 128, 128
+OPS = stable_ops()
 
 
 def head_first(dtype=torch.bfloat16):
@@ -24,13 +29,13 @@ def head_first(dtype=torch.bfloat16):
 
 
 def test_fp32_operands_are_refused():
-    with pytest.raises(TypeError, match="k must be bfloat16 or float16"):
-        kernels_chunk.npu_chunk_gated_delta_rule_fwd_h(*head_first(torch.float32), chunk_size=64)
+    with pytest.raises(ContractError, match=r"k must be half \(torch.bfloat16, torch.float16\), got torch.float32"):
+        OPS["npu_chunk_gated_delta_rule_fwd_h"](*head_first(torch.float32), chunk_size=64)
 
 
 def test_a_device_tensor_is_not_a_host_list():
-    with pytest.raises(TypeError, match="cu_seqlens must be a host list of ints"):
-        kernels_chunk.npu_chunk_gated_delta_rule_fwd_h(*head_first(), chunk_size=64, cu_seqlens=torch.tensor([0, T]))
+    with pytest.raises(ContractError, match=r"cu_seqlens must be a host list of ints \(int\[\]\), got Tensor"):
+        OPS["npu_chunk_gated_delta_rule_fwd_h"](*head_first(), chunk_size=64, cu_seqlens=torch.tensor([0, T]))
 
 
 def test_empty_sequences_are_refused():
@@ -54,23 +59,23 @@ def test_composite_refuses_shapes_it_does_not_support():
         kernels_chunk.npu_chunk_gated_delta_rule_fwd(q, q, v, g, beta, layout="BSND")
 
 
-def test_conv_fn_host_twins_must_agree_with_the_device_metadata():
-    x = torch.randn(10, 8).bfloat16()
-    with pytest.raises(RuntimeError, match="disagrees"):
-        kernels_conv.npu_causal_conv1d_fn(
+def test_conv_fn_device_metadata_and_its_host_twin_are_mutually_exclusive():
+    x = torch.randn(10, 16).bfloat16()
+    with pytest.raises(ContractError, match="query_start_loc and query_start_loc_cpu are mutually exclusive"):
+        OPS["npu_causal_conv1d_fn"](
             x,
-            torch.randn(4, 8).bfloat16(),
+            torch.randn(4, 16).bfloat16(),
             None,
             query_start_loc=torch.tensor([0, 4, 10]),
-            query_start_loc_cpu=[0, 5, 10],
+            query_start_loc_cpu=[0, 4, 10],
         )
 
 
 def test_recurrent_takes_bf16_only():
-    q = torch.randn(3, 1, 16, dtype=torch.float16)
-    state = torch.zeros(1, 1, 16, 16)
-    with pytest.raises(TypeError, match="query dtype"):
-        kernels_recurrent.npu_recurrent_gated_delta_rule(
+    q = torch.randn(3, 1, 128, dtype=torch.float16)
+    state = torch.zeros(1, 1, 128, 128)
+    with pytest.raises(ContractError, match=r"query must be bf16 \(torch.bfloat16\), got torch.float16"):
+        OPS["npu_recurrent_gated_delta_rule"](
             q,
             q,
             q,

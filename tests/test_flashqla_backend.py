@@ -1,7 +1,7 @@
 """The `flashqla` adapter (FlashQLA as a peer backend): registered for cuda after triton and fla, the
 chunk op only, our contract passed to FlashQLA's signature, calls it cannot take refused per call
-(eager runs them, the reason is logged and counted; strict mode raises), probed against eager in bf16
-at K = V = 128.
+(the next candidate runs them, the reason is logged and counted in the op's record; strict mode
+raises), probed against eager in bf16 at K = V = 128.
 
 FlashQLA needs a Hopper or Blackwell GPU, so these tests put the labelled STAND-IN flash_qla of
 tests/peer_standins/flashqla_site on sys.path (it computes with gdn's eager op and records each call)
@@ -39,7 +39,6 @@ def clean_state(monkeypatch):
     saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("flash_qla", "tilelang")}
     for name in saved:
         del sys.modules[name]
-    monkeypatch.setattr(flashqla_backend, "_refused", type(flashqla_backend._refused)())
     yield
     for name in [n for n in sys.modules if n.split(".")[0] in ("flash_qla", "tilelang")]:
         del sys.modules[name]
@@ -138,27 +137,31 @@ def test_contract_reaches_flashqlas_signature(standin, gen, int32_offsets):
         (torch.bfloat16, 64, "FlashQLA takes K = V = 128 only, got K = 64, V = 64"),
     ],
 )
-def test_calls_it_cannot_take_run_eager_and_are_counted(standin, gen, caplog, dtype, D, reason):
-    impl = on_host().implementation(OP)
+def test_calls_it_cannot_take_run_on_the_next_backend_and_are_counted(standin, gen, caplog, dtype, D, reason):
+    on_host()
+    gdn.set_compute_mode("flashqla")
     args = inputs(gen, dtype=dtype, D=D)
-    call = PREPARE[OP](**args)
+    resolver.resolve(OP, "cpu")  # the probe's own calls reach FlashQLA
+    flash_qla_calls = len(standin.CALLS)
     for _ in range(2):
-        out, state = impl(*call.args, **call.kwargs)
-    assert standin.CALLS == []  # FlashQLA never saw it
+        out, state = gdn.chunk_gated_delta_rule(**args)
+    assert len(standin.CALLS) == flash_qla_calls  # FlashQLA never saw them
     ref_out, ref_state = eager(args)
     torch.testing.assert_close(out, ref_out)
     torch.testing.assert_close(state, ref_state)
-    [(message, count)] = flashqla_backend.refusals().items()
-    assert message.startswith(reason) and count == 2
+    [record] = [r for r in gdn.resolutions() if r["op"] == OP]
+    assert record["backend"] == "flashqla"
+    [refused] = record["refusals"]
+    assert refused["reason"].startswith(reason) and refused["count"] == 2 and refused["served_by"] == "eager"
     assert sum("flashqla refused a call" in r.getMessage() for r in caplog.records) == 1  # logged once
 
 
 def test_strict_mode_raises_on_a_refused_call(standin, gen, monkeypatch):
-    impl = on_host().implementation(OP)
-    call = PREPARE[OP](**inputs(gen, dtype=torch.float32))
+    on_host()
+    gdn.set_compute_mode("flashqla")
     monkeypatch.setenv(resolver.STRICT_ENV, "1")
-    with pytest.raises(gdn.GdnBackendError, match="refused the call"):
-        impl(*call.args, **call.kwargs)
+    with pytest.raises(gdn.GdnBackendError, match=r"refused the call \(FlashQLA takes q, k, v all bfloat16"):
+        gdn.chunk_gated_delta_rule(**inputs(gen, dtype=torch.float32))
 
 
 def test_resolves_after_its_bf16_probe_and_serves_training(standin, gen):

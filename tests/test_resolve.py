@@ -710,3 +710,62 @@ def test_forward_only_backend_serves_inference_and_leaves_training_calls_to_eage
     assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
     fallback_lines = [r for r in caplog.records if "forward-only" in r.getMessage()]
     assert len(fallback_lines) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-call refusals
+
+
+class Refusing(Backend):
+    """Refuses calls of more than 100 tokens."""
+
+    def refusal(self, op, call):
+        T = call.kwargs["shapes"].T
+        return f"T = {T} is past 100" if T > 100 else None
+
+
+def test_a_refused_call_is_served_by_the_next_candidate_and_recorded(caplog):
+    caplog.set_level(logging.WARNING, logger="gdn")
+    impl = Recorder(_eager_chunk)
+    gdn.register_backend(Refusing(name="refusing", ops={OP: impl}, auto_rank={"cpu": 0}))
+    good, good_impl = good_backend(auto_rank={"cpu": 1})
+    gdn.register_backend(good)
+    resolver.resolve(OP, CPU)
+    probe = record_of(OP)["probe"]
+    # the probe compared the case it takes (dense, T = 80) and recorded the others
+    assert probe["passed"] is True and "dense.out0" in probe["rel_err"]
+    assert probe["refused"] == {"varlen": "T = 130 is past 100", "varlen_state_in": "T = 130 is past 100"}
+    calls = impl.calls
+    run_chunk(make_inputs(T=120))  # the first refusal decides (and probes) the next candidate
+    good_calls = good_impl.calls
+    got, ref = run_chunk(make_inputs(T=120))
+    assert_is_eager_output(got, ref)
+    assert (impl.calls, good_impl.calls - good_calls) == (calls, 1)
+    run_chunk(make_inputs(T=20))
+    assert impl.calls == calls + 1  # a call it takes is its own
+    rec = record_of(OP)
+    assert rec["backend"] == "refusing"
+    assert rec["refusals"] == [{"reason": "T = 120 is past 100", "count": 2, "served_by": "good:route"}]
+    refused = [r.getMessage() for r in caplog.records if "refused a call" in r.getMessage()]
+    assert refused == [f"gdn: {OP} on cpu: refusing refused a call (T = 120 is past 100); good:route serves it"]
+    assert json.loads(json.dumps(gdn.resolutions()))  # the record stays JSON-able
+
+
+def test_strict_mode_raises_on_a_refused_call_naming_the_reason(monkeypatch):
+    gdn.register_backend(Refusing(name="refusing", ops={OP: _eager_chunk}, auto_rank={"cpu": 0}))
+    monkeypatch.setenv(resolver.STRICT_ENV, "1")
+    with pytest.raises(gdn.GdnBackendError, match=r"backend 'refusing' refused the call \(T = 120 is past 100\)"):
+        run_chunk(make_inputs(T=120))
+
+
+def test_a_probe_whose_every_case_is_refused_fails():
+    class RefusesAll(Backend):
+        def refusal(self, op, call):
+            return "no call at all"
+
+    gdn.register_backend(RefusesAll(name="refuses-all", ops={OP: _eager_chunk}, auto_rank={"cpu": 0}))
+    run_chunk()
+    rec = record_of(OP)
+    assert rec["backend"] == "eager"
+    [rejected] = rec["rejected"]
+    assert rejected["reason"].startswith("numeric probe failed: every case refused: dense: no call at all")

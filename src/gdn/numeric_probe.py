@@ -25,6 +25,8 @@ class ProbeReport:
     seed: int
     tolerance: float
     errors: dict[str, float] = field(default_factory=dict)
+    # cases the backend refuses (gdn.resolve serves such calls elsewhere), by case name
+    refused: dict[str, str] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         worst = max(self.errors.values(), default=None)
@@ -35,6 +37,7 @@ class ProbeReport:
             "tolerance": self.tolerance,
             "max_rel_err": worst,
             "rel_err": self.errors,
+            "refused": self.refused,
         }
 
 
@@ -80,6 +83,17 @@ def _cases(op: str, gen: torch.Generator, K: int = 32, V: int = 32) -> Iterator[
                 cu_seqlens=lens,
                 initial_state=randn(4, 4, K, V),
                 output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            ),
+            grads,
+        )
+        # no final state: the call a backend that cannot return the final state's gradient still takes
+        yield Case(
+            "varlen_state_in",
+            dict(
+                **gdn_inputs(1, 130),
+                cu_seqlens=lens,
+                initial_state=randn(4, 4, K, V, scale=0.1),
                 use_qk_l2norm_in_kernel=True,
             ),
             grads,
@@ -153,10 +167,15 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[str, torch.Tensor]:
+def _arguments(case: Case, device: torch.device) -> dict[str, Any]:
     args = {k: (v.to(device).clone() if isinstance(v, torch.Tensor) else v) for k, v in case.args.items()}
     for name in case.grad:
         args[name].requires_grad_(True)
+    return args
+
+
+def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[str, torch.Tensor]:
+    args = _arguments(case, device)
     call = PREPARE[op](**args)
     outputs = [t for t in _outputs(fn(*call.args, **call.kwargs)) if t is not None]
     collected = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
@@ -204,7 +223,10 @@ def probe_op(
     with_grad: bool = True,
     dtype: torch.dtype | None = None,
     head_dims: tuple[int, int] | None = None,
+    refusal: Callable[[Any], str | None] | None = None,
 ) -> ProbeReport:
+    """`refusal` is the backend's per-call refusal for this op: a case it refuses is recorded as
+    refused and not compared; a backend that refuses every case fails."""
     from gdn.resolve import backends
 
     eager = backends()["eager"].implementation(op)
@@ -216,6 +238,10 @@ def probe_op(
         case = _in_dtype(case, dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
+        why = None if refusal is None else refusal(PREPARE[op](**_arguments(case, device)))
+        if why is not None:
+            report.refused[case.name] = why
+            continue
         ref = _collect(op, eager, case, device)
         try:
             got = _collect(op, fn, case, device)
@@ -242,4 +268,7 @@ def probe_op(
             if err > tol:
                 report.passed, report.reason = False, f"{label}: rel err {err:.3g} > {tol:.3g}"
                 return report
+    if not report.errors:
+        report.passed = False
+        report.reason = "every case refused: " + "; ".join(f"{n}: {r}" for n, r in report.refused.items())
     return report

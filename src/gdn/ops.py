@@ -27,13 +27,6 @@ class Call:
 PREPARE: dict[str, Callable[..., Call]] = {}
 
 
-def _needs_grad(call: Call) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    values = [*call.args, *call.kwargs.values()]
-    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
-
-
 def _op(prepare: Callable[..., Call]) -> Callable:
     name = prepare.__name__
     PREPARE[name] = prepare
@@ -41,7 +34,7 @@ def _op(prepare: Callable[..., Call]) -> Callable:
     @functools.wraps(prepare)
     def run(*args, **kwargs):
         call = prepare(*args, **kwargs)
-        return for_call(resolve(name, call.device), _needs_grad(call))(*call.args, **call.kwargs)
+        return for_call(resolve(name, call.device), call)(*call.args, **call.kwargs)
 
     return run
 

@@ -7,15 +7,21 @@ in rank order, eager last. An explicit mode tries that backend, then eager. A no
 must pass its numeric probe against eager before it is chosen. With GDN_STRICT=1 a requested
 backend that cannot serve (or, in auto mode, an available backend that fails its probe) raises
 GdnBackendError with the real cause instead of falling back.
+
+A chosen backend may still refuse one call (`Backend.refusal`: a shape or gradient its kernels
+cannot take): that call is served by the next candidate, decided the same way on the first refusal,
+and the reason is counted in the op's record; GDN_STRICT=1 raises with the reason instead.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +62,11 @@ class Resolution:
     probe: dict[str, Any] | None = None
     forward_only: bool = False
     fn: Callable | None = field(default=None, repr=False)
+    # what serves the calls this backend refuses: the candidates after it, decided on the first refusal
+    refusals: Counter[str] = field(default_factory=Counter)
+    remaining: list[Backend] = field(default_factory=list, repr=False)
+    where: torch.device | None = field(default=None, repr=False)
+    fallback: Resolution | None = field(default=None, repr=False)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -68,6 +79,10 @@ class Resolution:
             "probe": self.probe,
             "forward_only": self.forward_only,
             "rejected": [vars(r) for r in self.rejected],
+            "refusals": [
+                {"reason": reason, "count": count, "served_by": self.fallback.route if self.fallback else None}
+                for reason, count in self.refusals.items()
+            ],
         }
 
 
@@ -167,13 +182,13 @@ def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
     return [*ranked, registry[EAGER]]
 
 
-def _decide(op: str, device: torch.device, mode: str) -> Resolution:
+def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend]) -> Resolution:
     from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
 
     device_type = device.type
     rejected: list[Rejection] = []
     is_strict = strict()
-    for backend in _candidates(op, device_type, mode):
+    for position, backend in enumerate(candidates):
         reason = backend.why_unavailable(device_type)
         fn = None if reason else backend.implementation(op)
         if reason is None and fn is None:
@@ -190,12 +205,15 @@ def _decide(op: str, device: torch.device, mode: str) -> Resolution:
                 with_grad=not forward_only,
                 dtype=backend.probe_dtype,
                 head_dims=backend.probe_head_dims,
+                refusal=functools.partial(backend.refusal, op),
             )
             probe = report.record()
             if not report.passed:
                 reason = f"numeric probe failed: {report.reason}"
         if reason is None:
-            return Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
+            res = Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
+            res.remaining, res.where = candidates[position + 1 :], device
+            return res
         rejected.append(Rejection(backend.name, route, reason, probe))
         if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):
             raise GdnBackendError(
@@ -225,26 +243,65 @@ def resolve(op: str, device: torch.device | str) -> Resolution:
     with _lock:
         res = _cache.get(key)
         if res is None:
-            res = _decide(op, device, mode)
+            res = _decide(op, device, mode, _candidates(op, device.type, mode))
             _cache[key] = res
             _log_decision(res)
         return res
 
 
 _training_fallbacks: set[tuple[str, str, str]] = set()
+# the route that served this thread's (or asyncio task's) latest call
+_last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_last_route", default=None)
 
 
-def for_call(res: Resolution, needs_grad: bool) -> Callable:
-    """The implementation for one call: the resolved one, or eager when the call needs gradients and
-    the resolved backend serves the op forward only (logged once per op, device and backend)."""
-    if not (res.forward_only and needs_grad):
-        return res.fn
-    key = (res.op, res.device, res.backend)
+def _needs_grad(call: Any) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in (*call.args, *call.kwargs.values()))
+
+
+def _refused(res: Resolution, reason: str) -> Resolution:
+    """The resolution that serves a call `res`'s backend refused: the next candidate's."""
+    if res.strict:
+        raise GdnBackendError(
+            f"gdn: {res.op} on {res.device}: backend '{res.backend}' refused the call ({reason}) "
+            f"and {STRICT_ENV}=1 forbids falling back"
+        )
     with _lock:
-        if key not in _training_fallbacks:
-            _training_fallbacks.add(key)
-            log.info(f"gdn: {res.op} on {res.device}: {res.route} is forward-only; calls that need gradients run eager")
-    return _registry()[EAGER].implementation(res.op)
+        first = reason not in res.refusals
+        res.refusals[reason] += 1
+        if res.fallback is None:
+            res.fallback = _decide(res.op, res.where, res.requested_mode, res.remaining)
+    if first:
+        log.warning(
+            f"gdn: {res.op} on {res.device}: {res.backend} refused a call ({reason}); {res.fallback.route} serves it"
+        )
+    return res.fallback
+
+
+def for_call(res: Resolution, call: Any) -> Callable:
+    """The implementation for one validated call (gdn.ops.Call): the resolved one; the next
+    candidate's when the backend refuses the call; eager when the call needs gradients and the
+    backend serves the op forward only (logged once per op, device and backend)."""
+    reason = _registry()[res.backend].refusal(res.op, call)
+    if reason is not None:
+        return for_call(_refused(res, reason), call)
+    route, fn = res.route, res.fn
+    if res.forward_only and _needs_grad(call):
+        key = (res.op, res.device, res.backend)
+        with _lock:
+            if key not in _training_fallbacks:
+                _training_fallbacks.add(key)
+                log.info(f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager")
+        eager = _registry()[EAGER]
+        route, fn = eager.route_of(res.op), eager.implementation(res.op)
+    _last_route.set(route)
+    return fn
+
+
+def last_route() -> str | None:
+    """The route that served the latest op call in this thread or asyncio task (None before any)."""
+    return _last_route.get()
 
 
 def resolutions() -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ ACTIVATIONS = {None: 0, "none": 0, "silu": 1, "swish": 2}
 
 
 def _bounds(op: str, query_start_loc, tokens: int) -> list[int]:
-    bounds = check.host_ints(op, "query_start_loc", query_start_loc)
+    bounds = None if query_start_loc is None else list(query_start_loc)
     if bounds is None:
         raise NotImplementedError(f"{op} stand-in: only the varlen [T, D] layout with query_start_loc is modelled")
     if bounds[0] != 0 or bounds[-1] != tokens or any(b <= a for a, b in itertools.pairwise(bounds)):
@@ -43,15 +43,12 @@ def _conv(history: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: to
 def causal_conv1d_varlen(
     op: str, x, weight, bias, conv_states, bounds, slots, initial, activation: int, pad_slot_id: int
 ) -> torch.Tensor:
-    check.half(op, x=x, weight=weight, bias=bias, conv_states=conv_states)
     if x.ndim != 2 or weight.ndim != 2 or weight.shape[1] != x.shape[1]:
         raise NotImplementedError(f"{op} stand-in: x [T, D] with weight [W, D] only, got {tuple(x.shape)}")
     width, dim = weight.shape
     sequences = len(bounds) - 1
     slots = list(range(sequences)) if slots is None else slots
     initial = [0] * sequences if initial is None else initial
-    if conv_states is not None:
-        check.shape(op, "conv_states", conv_states, (conv_states.shape[0], width - 1, dim))
     out = torch.empty_like(x)
     finals = []
     for n in range(sequences):
@@ -92,25 +89,18 @@ def npu_causal_conv1d(
         bias,
         conv_states,
         _bounds(op, query_start_loc, x.shape[0]),
-        check.host_ints(op, "cache_indices", cache_indices),
-        check.host_ints(op, "initial_state_mode", initial_state_mode),
+        None if cache_indices is None else list(cache_indices),
+        None if initial_state_mode is None else list(initial_state_mode),
         activation_mode,
         pad_slot_id,
     )
 
 
-def _device_twin(op: str, name: str, tensor, host, like: torch.Tensor) -> list[int] | None:
-    """The 26.10 entry takes metadata as device tensors; their host twins must say the same."""
+def _metadata(tensor: torch.Tensor | None, host: list[int] | None) -> list[int] | None:
+    """One of a device / host pair (the contract admits at most one) as host ints."""
     if tensor is None:
-        if host is not None:
-            raise RuntimeError(f"{op}: {name}_cpu given without {name}")
-        return None
-    if not isinstance(tensor, torch.Tensor) or tensor.device != like.device:
-        raise TypeError(f"{op}: {name} must be a tensor on {like.device}, got {type(tensor).__name__}")
-    values = [int(v) for v in tensor.tolist()]
-    if host is not None and check.host_ints(op, f"{name}_cpu", [int(v) for v in host]) != values:
-        raise RuntimeError(f"{op}: {name}_cpu {list(host)} disagrees with {name} {values}")
-    return values
+        return None if host is None else list(host)
+    return [int(v) for v in tensor.tolist()]
 
 
 def npu_causal_conv1d_fn(
@@ -133,16 +123,15 @@ def npu_causal_conv1d_fn(
     check.not_modelled(op, head_num=head_num)
     if activation not in ACTIVATIONS:
         raise ValueError(f"{op}: activation must be None, 'silu' or 'swish', got {activation!r}")
-    bounds = _device_twin(op, "query_start_loc", query_start_loc, query_start_loc_cpu, x)
     return causal_conv1d_varlen(
         op,
         x,
         weight,
         bias,
         conv_states,
-        _bounds(op, bounds, x.shape[0]),
-        _device_twin(op, "cache_indices", cache_indices, cache_indices_cpu, x),
-        _device_twin(op, "has_initial_state", has_initial_state, has_initial_state_cpu, x),
+        _bounds(op, _metadata(query_start_loc, query_start_loc_cpu), x.shape[0]),
+        _metadata(cache_indices, cache_indices_cpu),
+        _metadata(has_initial_state, has_initial_state_cpu),
         ACTIVATIONS[activation],
         pad_slot_id,
     )
@@ -157,7 +146,6 @@ def npu_causal_conv1d_bwd(
     check.not_modelled(op, dht=dht)
     if input_layout != "NTD":
         raise NotImplementedError(f"{op} stand-in: input_layout {input_layout!r} is not modelled (NTD only)")
-    check.half(op, x=x, y=y, weight=weight, dy=dy, initial_state=initial_state)
     width, dim = weight.shape
     tokens = x.reshape(-1, dim)
     grad = dy.reshape(-1, dim).float()
@@ -169,8 +157,6 @@ def npu_causal_conv1d_bwd(
         grad = grad * sig * (1 + pre * (1 - sig))
     bounds = _bounds(op, query_start_loc, tokens.shape[0])
     sequences = len(bounds) - 1
-    if initial_state is not None:
-        check.shape(op, "initial_state", initial_state, (sequences, width, dim))
     dx = torch.empty_like(tokens)
     dw = torch.zeros(width, dim, dtype=torch.float32, device=x.device)
     dh0 = torch.zeros(sequences, width, dim, dtype=torch.float32, device=x.device)

@@ -3,9 +3,10 @@
     python -m standins.scenario
 
 In ascendc mode, on the stand-in device: resolve every op the backend serves, run the chunk op three
-times as model layers would (K = V = 128, so the composite forward serves where shipped) and the conv
-once, each compared with eager on the same inputs, then collect the probe manifest. Prints
-{"resolve": {"resolutions", "errors", "plan", "log", "parity"}, "manifest": ...}.
+times as model layers would (K = V = 128, so the composite forward serves where shipped), a training
+step with a loss on the final state once, and the conv once, each compared with eager on the same
+inputs, then collect the probe manifest. Prints {"resolve": {"resolutions", "errors", "plan", "log",
+"parity", "final_state_step"}, "manifest": ...}.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ class _Messages(logging.Handler):
         self.lines.append(f"{record.levelname} {record.getMessage()}")
 
 
-def _chunk_inputs(gen: torch.Generator) -> dict[str, Any]:
-    """Packed sequences (one of them empty), grouped value heads, K = V = 128."""
+def _chunk_inputs(gen: torch.Generator, *, final: bool) -> dict[str, Any]:
+    """Packed sequences (one of them empty), grouped value heads, K = V = 128, an initial state."""
     T, K, V = 150, 128, 128
     return dict(
         q=torch.randn(1, T, 2, K, generator=gen),
@@ -48,7 +49,7 @@ def _chunk_inputs(gen: torch.Generator) -> dict[str, Any]:
         g=-torch.rand(1, T, 4, generator=gen) * 0.5,
         beta=torch.rand(1, T, 4, generator=gen),
         initial_state=torch.randn(4, 4, K, V, generator=gen) * 0.1,
-        output_final_state=True,
+        output_final_state=final,
         cu_seqlens=torch.tensor([0, 17, 17, 90, 150]),
         use_qk_l2norm_in_kernel=True,
     )
@@ -77,11 +78,13 @@ def resolve_all() -> dict[str, Any]:
             resolve(op, DEVICE)
         except Exception as exc:  # strict mode: the error is the finding
             errors[op] = describe_error(exc)
-    parity = {}
+    parity, final_state_step = {}, None
     gen = torch.Generator().manual_seed(0)
     if "chunk_gated_delta_rule" not in errors:
         for _ in range(3):  # layers of a model: decisions must not be logged again
-            parity["chunk"] = _compare(gdn.chunk_gated_delta_rule, _chunk_inputs(gen), CHUNK_GRADS)
+            parity["chunk"] = _compare(gdn.chunk_gated_delta_rule, _chunk_inputs(gen, final=False), CHUNK_GRADS)
+        # a training step with a loss on the final state: served where the route can give its gradient
+        final_state_step = _compare(gdn.chunk_gated_delta_rule, _chunk_inputs(gen, final=True), CHUNK_GRADS)
     if "causal_conv1d_fn" not in errors:
         parity["conv"] = _compare(gdn.causal_conv1d_fn, _conv_inputs(gen), CONV_GRADS)
     gdn.set_compute_mode("ascendc")
@@ -92,6 +95,7 @@ def resolve_all() -> dict[str, Any]:
         "plan": routes.plan().record(),
         "log": messages.lines,
         "parity": parity,
+        "final_state_step": final_state_step,
     }
 
 

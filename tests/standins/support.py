@@ -9,34 +9,40 @@ from typing import Any
 
 import torch
 
-from gdn.backends.ascendc.raw import LEGACY, STABLE, RawOps
+from gdn.backends.ascendc import surface
+from gdn.backends.ascendc.contracts import CONTRACTS
+from gdn.backends.ascendc.raw import COMPOSITE_FWD, CONV_FN, LEGACY, STABLE, RawOps
 from gdn.backends.eager import EAGER
 from gdn.ops import PREPARE
 from reference import rel_err
 from standins import kernels_chunk, kernels_conv, kernels_recurrent
-from standins.legacy import SCHEMAS
+from standins import legacy as legacy_ext
+from standins.broken import zeros_for_ones
+from standins.conform import conforming
 
 _MODULES = (kernels_chunk, kernels_conv, kernels_recurrent)
 
 
-def stand_in_ops(*, composite: bool = True, conv_fn: bool = True, **replace: Callable) -> dict[str, Callable]:
-    ops = {name: getattr(m, name) for m in _MODULES for name in dir(m) if name.startswith("npu_")}
+def stable_ops(*, composite: bool = True, conv_fn: bool = True) -> dict[str, Callable]:
+    """The stable API's ops: each stand-in kernel held to its stable contract."""
+    kernels = {name: getattr(m, name) for m in _MODULES for name in dir(m) if name.startswith("npu_")}
+    ops = {op: conforming(STABLE, op, kernels[op]) for op in CONTRACTS[STABLE]}
     if not composite:
-        del ops["npu_chunk_gated_delta_rule_fwd"]
+        del ops[COMPOSITE_FWD]
     if not conv_fn:
-        del ops["npu_causal_conv1d_fn"]
-    return ops | replace
+        del ops[CONV_FN]
+    return ops
 
 
-def stable(**options: Any) -> RawOps:
+def stable(*, composite: bool = True, conv_fn: bool = True, **replace: Callable) -> RawOps:
     """The 26.10 stable API over the stand-in kernels."""
-    return RawOps(STABLE, types.SimpleNamespace(**stand_in_ops(**options)))
+    ops = stable_ops(composite=composite, conv_fn=conv_fn) | replace
+    return RawOps(STABLE, types.SimpleNamespace(**ops))
 
 
 def legacy(**replace: Callable) -> RawOps:
     """The legacy torch.ops.npu surface (the 26.6 op set), without touching torch.ops."""
-    ops = stand_in_ops(**replace)
-    return RawOps(LEGACY, types.SimpleNamespace(**{name: ops[name] for name in SCHEMAS}))
+    return RawOps(LEGACY, types.SimpleNamespace(**(legacy_ext.ops() | replace)))
 
 
 class Counted:
@@ -74,3 +80,22 @@ def compare_with_eager(op: str, fn: Callable, inputs: dict[str, Any], grads: tup
         assert ours[name].shape == expected.shape, name
         assert ours[name].dtype == expected.dtype, name
     return {name: rel_err(ours[name], ref[name]) for name in ref}
+
+
+def fla_npu(*, stable=True, legacy=True, composite=False, broken_conv=False) -> surface.Surface:
+    """An fla_npu as routes.resolve_plan sees it after loading."""
+    replace = {"npu_causal_conv1d_fn": zeros_for_ones} if broken_conv else {}
+    ops = stable_ops(composite=composite) | replace
+    found = surface.Surface(version="26.10.0" if stable else "26.6.0", stand_in="hand-built", has_loader=stable)
+    if stable:
+        found.stable = types.SimpleNamespace(**ops)
+    else:
+        found.stable_reason = "fla_npu has no load_legacy_torch_ops(): a 26.6-style wheel"
+    if legacy:
+        # the legacy extension's conv is a different binding: not broken
+        found.legacy_ops = types.SimpleNamespace(**legacy_ext.ops())
+        found.legacy_loaded, found.legacy = True, "loaded by load_legacy_torch_ops()"
+    else:
+        found.legacy = "not shipped: FileNotFoundError: not find custom_aclnn_extension_lib*.so"
+    found.generation = surface.generation(stable, stable, legacy)
+    return found

@@ -70,5 +70,10 @@ class Backend:
         """Why this backend has no implementation of op (None: it simply does not serve it)."""
         return None
 
+    def refusal(self, op: str, call: Any) -> str | None:
+        """Why this backend cannot take one validated call (gdn.ops.Call) of an op it serves: the
+        resolver hands such a call to the next candidate. None: it takes the call."""
+        return None
+
     def route_of(self, op: str) -> str:
         return self.route(op) if self.route is not None else self.name

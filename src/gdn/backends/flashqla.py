@@ -10,21 +10,18 @@ FlashQLA takes our layout as is (q, k [B, T, H, K], v [B, T, HV, V] with grouped
 [N, HV, K, V] of any float dtype, varlen through cu_seqlens with B = 1, q/k l2norm in its kernel,
 scale). It imports only on SM90, SM100/103 and SM120/121 (its import raises elsewhere, which makes the
 backend unavailable with that reason). A call it cannot take (q/k/v not all bf16 or all fp16, K or V
-not 128) is refused per call: the call runs eager and the reason is logged once and counted in
-`refusals()`; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
+not 128) is refused per call (`Backend.refusal`): gdn.resolve serves it with the next candidate and
+counts the reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
-from collections import Counter
+from typing import Any
 
 import torch
 
 from gdn._validate import GdnShapes
 from gdn.backends.base import Backend, OpTable
-from gdn.resolve import STRICT_ENV, GdnBackendError, strict
 
 NAME = "flashqla"
 OP = "chunk_gated_delta_rule"
@@ -34,10 +31,6 @@ DTYPES = (torch.bfloat16, torch.float16)
 # eager on the same bf16 inputs is bf16 rounding at the kernel's inputs and outputs and between its
 # fused stages (fla's Triton path measures 5e-3 on the H200 the same way); a wrong term costs O(1).
 PROBE_TOLERANCE = {OP: 2e-2}
-
-log = logging.getLogger("gdn")
-_lock = threading.Lock()
-_refused: Counter[str] = Counter()
 
 
 def _version() -> str:
@@ -55,26 +48,8 @@ def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes: GdnShapes
     return None
 
 
-def refusals() -> dict[str, int]:
-    """The reasons calls were refused in this process, with how many calls each."""
-    with _lock:
-        return dict(_refused)
-
-
-def _refuse(reason: str) -> None:
-    if strict():
-        raise GdnBackendError(f"gdn: {OP}: backend '{NAME}' refused the call ({reason}) and {STRICT_ENV}=1")
-    with _lock:
-        first = reason not in _refused
-        _refused[reason] += 1
-    if first:
-        log.warning(f"gdn: {OP}: {NAME} refused a call ({reason}); such calls run eager")
-
-
 def _load() -> OpTable:
     import flash_qla
-
-    from gdn.backends.eager import EAGER
 
     def chunk_gated_delta_rule(
         q,
@@ -90,18 +65,6 @@ def _load() -> OpTable:
         cu_seqlens: torch.Tensor | None,
         use_qk_l2norm_in_kernel: bool,
     ):
-        contract = dict(
-            shapes=shapes,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            cu_seqlens=cu_seqlens,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        )
-        reason = refusal(q, k, v, shapes)
-        if reason is not None:
-            _refuse(reason)
-            return EAGER.ops[OP](q, k, v, g, beta, **contract)
         return flash_qla.chunk_gated_delta_rule(
             q,
             k,
@@ -120,6 +83,10 @@ def _load() -> OpTable:
 
 
 class FlashQLABackend(Backend):
+    def refusal(self, op: str, call: Any) -> str | None:
+        q, k, v = call.args[:3]
+        return refusal(q, k, v, call.kwargs["shapes"])
+
     def why_op_unavailable(self, op: str) -> str | None:
         return f"FlashQLA has chunked prefill kernels only (no {op})"
 

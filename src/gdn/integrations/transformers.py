@@ -91,19 +91,9 @@ def _run(op: str, *args: Any, **kwargs: Any) -> Any:
     scope = contextlib.nullcontext() if mode is None else gdn_resolve.compute_mode_override(mode)
     with scope:
         out = getattr(gdn, op)(*args, **kwargs)
-        served = gdn_resolve.resolve(op, args[0].device)  # cached by the call above
     if state is not None:
-        state.tally(_caller.get(), op, _route(served, [*args, *kwargs.values()]))
+        state.tally(_caller.get(), op, gdn_resolve.last_route())
     return out
-
-
-def _route(served: gdn_resolve.Resolution, values: list[Any]) -> str:
-    """The route that ran the call: a forward-only backend hands calls that need gradients to eager,
-    by the rule gdn.ops applies (grad mode on and a tensor argument that requires grad)."""
-    needs_grad = torch.is_grad_enabled() and any(isinstance(v, torch.Tensor) and v.requires_grad for v in values)
-    if gdn_resolve.for_call(served, needs_grad) is served.fn:
-        return served.route
-    return gdn_resolve.backends()[gdn_resolve.EAGER].route_of(served.op)
 
 
 def _delta_rule(op: str, name: str) -> Callable:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -45,8 +46,9 @@ def _route(op: str) -> str:
 
 @dataclass(eq=False)
 class AscendcBackend(Backend):
-    """Adds what the resolver cannot ask a plain Backend: why one op has no route, and the inputs its
-    numeric probe should use (the kernels take bf16; the composite forward needs K = 128)."""
+    """Adds what the resolver cannot ask a plain Backend: why one op has no route, which calls its
+    route refuses (limits of the fla_npu ops, gradients they cannot give), and the inputs its numeric
+    probe should use (the kernels take bf16; the chunk ops need K = 128)."""
 
     probe_dtype: torch.dtype = torch.bfloat16
     probe_head_dims: tuple[int, int] = (128, 128)
@@ -54,6 +56,10 @@ class AscendcBackend(Backend):
     def why_op_unavailable(self, op: str) -> str | None:
         entry = routes.plan().ops.get(op)
         return None if entry is None else entry.reason
+
+    def refusal(self, op: str, call: Any) -> str | None:
+        entry = routes.plan().ops.get(op)
+        return None if entry is None or entry.refusal is None else entry.refusal(call)
 
     def implementation(self, op: str) -> Callable | None:
         entry = routes.plan().ops.get(op)

@@ -11,22 +11,24 @@ copies the decomposed forward would have made. Nothing else is saved in either c
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from gdn._validate import GdnShapes
-from gdn.backends.ascendc import chunk_prep
-from gdn.backends.ascendc.knobs import kernel_dtype, log_once
+from gdn.backends.ascendc import chunk_prep, contracts
+from gdn.backends.ascendc.knobs import kernel_dtype
 from gdn.backends.ascendc.layout import CHUNK, Sequences, sequences
 from gdn.backends.ascendc.raw import CHUNK_OPS, COMPOSITE_FWD, RawOps
 from gdn.backends.eager.gated_delta import l2norm_fp32
 
-# the shapes npu_chunk_gated_delta_rule_fwd supports; other shapes run the decomposed forward
-COMPOSITE_K = 128
-COMPOSITE_V = (128, 256)
+OP = "chunk_gated_delta_rule"
+FWD_H = "npu_chunk_gated_delta_rule_fwd_h"
+BWD_DHU = "npu_chunk_gated_delta_rule_bwd_dhu"
+# dh0 and h laid out as the math below indexes them
+STATE_AXES = "B HV NT K V"
 
 
 @dataclass(frozen=True)
@@ -41,12 +43,36 @@ class ChunkKernels:
     bwd_dqkwg: Callable
     wy_bwd_da: Callable
     wy_bwd_full: Callable
+    route: str
     composite: Callable | None = None
 
     @classmethod
     def bind(cls, ops: RawOps, composite: RawOps | None = None) -> ChunkKernels:
         chain = [ops.get(name) for name in CHUNK_OPS]
-        return cls(*chain, composite=None if composite is None else composite.get(COMPOSITE_FWD))
+        return cls(*chain, route=ops.route, composite=None if composite is None else composite.get(COMPOSITE_FWD))
+
+    def contract(self, op: str) -> contracts.Contract:
+        return contracts.contract(self.route, op)
+
+    @property
+    def dh_axes(self) -> str:
+        return self.contract(BWD_DHU).output("dh").layout or STATE_AXES
+
+    @property
+    def final_needs_state(self) -> bool:
+        """Whether fwd_h returns the final state in fp32 only when given one (26.6: k's dtype else)."""
+        rule = self.contract(FWD_H).output("final_state").dtype or ""
+        return contracts.output_dtype(rule, {"k": torch.empty(0, dtype=torch.bfloat16)}) != torch.float32
+
+    def refusal(self, shapes: GdnShapes, final_needs_grad: bool) -> str | None:
+        """Why this route cannot serve a call: a shape outside the chain's limits, or a gradient on the
+        final state, which bwd_dhu drops on every fla_npu that predates fla_npu #312."""
+        limits = contracts.refusal(self.route, (BWD_DHU,), {"K": shapes.K, "V": shapes.V})
+        if limits:
+            return limits
+        if final_needs_grad and "dht" in self.contract(BWD_DHU).ignored:
+            return f"{BWD_DHU} ignores dht on this fla_npu: the final state cannot carry a gradient"
+        return None
 
 
 @dataclass(frozen=True)
@@ -70,13 +96,34 @@ def _head_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _backward(call: _Call, q, k, v, g, beta, A, h0, do, dht):
+def _initial_state_grad(call: _Call, q, k, w, g, do, dh, dv2) -> torch.Tensor:
+    """dh0 in torch: bwd_dhu leaves it uninitialised (it reads neither h0 nor dht before fla_npu
+    #312), but the gradient entering each sequence's first chunk follows from that chunk alone:
+    dh0 = exp(g_last) dh + scale (q exp(g))^T do - w^T dv2, with dh the gradient leaving the chunk."""
+    dh = contracts.permute(dh, call.kernels.dh_axes, STATE_AXES)
+    group = g.shape[1] // q.shape[1]
+    grads = []
+    for row, index, start, length in call.seqs.first_chunks():
+        span = slice(start, start + length)
+        gc = g[row, :, span]
+        qc = q[row, :, span].float().repeat_interleave(group, 0) * gc.exp().unsqueeze(-1)
+        grads.append(
+            dh[row, :, index].float() * gc[:, -1].exp()[:, None, None]
+            + call.scale * qc.transpose(-1, -2) @ do[row, :, span].float()
+            - w[row, :, span].float().transpose(-1, -2) @ dv2[row, :, span].float()
+        )
+    return torch.stack(grads)
+
+
+def _backward(call: _Call, q, k, v, g, beta, A, h0, do):
     """Head-first saved tensors -> token-major (dq, dk, dv, dg, dbeta, dh0)."""
     kernels, lists, scale = call.kernels, call.seqs.host_lists(), call.scale
     do = _head_first(do.to(v.dtype))
     w, h, v_new, _ = _forward_chain(kernels, lists, k, v, g, beta, A, h0, want_final=False)
     dv = kernels.bwd_dv_local(q, k, do, g, scale, CHUNK, A=A, **lists)
-    dh, dh0, dv = kernels.bwd_dhu(q, k, w, do, dv, scale, CHUNK, g=g, h0=h0, dht=dht, **lists)
+    # h0 and dht are not passed: the kernel would read neither (see _initial_state_grad)
+    dh, _, dv = kernels.bwd_dhu(q, k, w, do, dv, scale, CHUNK, g=g, **lists)
+    dh0 = None if h0 is None else _initial_state_grad(call, q, k, w, g, do, dh, dv)
     dq, dk, dw, dg = kernels.bwd_dqkwg(q, k, v_new, g, h, do, dh, dv, CHUNK, scale=scale, **lists)
     dA = kernels.wy_bwd_da(k, v, beta, A, dw, dv, g, chunk_size=CHUNK, **lists)
     dk_wy, dv, dbeta, dg_wy = kernels.wy_bwd_full(k, v, beta, A, dA, dw, dv, g, CHUNK, **lists)
@@ -107,8 +154,9 @@ class _Decomposed(torch.autograd.Function):
         return o.transpose(1, 2), final if call.want_final else None
 
     @staticmethod
-    def backward(ctx, do, dfinal):
-        grads = _backward(ctx.call, *ctx.saved_tensors, do, dfinal)
+    def backward(ctx, do, _dfinal):
+        # a final state that needs a gradient never reaches this route (ChunkKernels.refusal)
+        grads = _backward(ctx.call, *ctx.saved_tensors, do)
         return (*grads, None)
 
 
@@ -148,23 +196,27 @@ class _Composite(torch.autograd.Function):
         return o, final if call.want_final else None
 
     @staticmethod
-    def backward(ctx, do, dfinal):
+    def backward(ctx, do, _dfinal):
         q, k, v, g_cum, beta, A, h0 = ctx.saved_tensors
         heads = (_head_first(x) for x in (q, k, v, g_cum, beta))
-        grads = _backward(ctx.call, *heads, A, h0, do, dfinal)
+        grads = _backward(ctx.call, *heads, A, h0, do)
         return (*grads, None)
 
 
-def _fits_composite(K: int, V: int) -> bool:
-    if K == COMPOSITE_K and V in COMPOSITE_V:
-        return True
-    log_once(
-        f"composite-shape:{K}:{V}",
-        logging.INFO,
-        f"gdn.ascendc: {COMPOSITE_FWD} supports K = {COMPOSITE_K} and V in {set(COMPOSITE_V)}; "
-        f"K = {K}, V = {V} runs the decomposed forward",
-    )
-    return False
+def _final_needs_grad(output_final_state: bool, *tensors: torch.Tensor | None) -> bool:
+    return output_final_state and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def refusal_of(kernels: ChunkKernels) -> Callable[[Any], str | None]:
+    """Why the route cannot take one validated call (gdn.ops.Call) of the chunk op, or None."""
+
+    def refusal(call: Any) -> str | None:
+        kw = call.kwargs
+        return kernels.refusal(
+            kw["shapes"], _final_needs_grad(kw["output_final_state"], *call.args, kw["initial_state"])
+        )
+
+    return refusal
 
 
 def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
@@ -182,6 +234,11 @@ def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
         cu_seqlens,
         use_qk_l2norm_in_kernel: bool,
     ):
+        reason = kernels.refusal(shapes, _final_needs_grad(output_final_state, q, k, v, g, beta, initial_state))
+        if reason is not None:
+            # gdn.resolve hands such calls to the next backend (refusal_of below): only a direct call
+            # gets here, and it must not silently lose a gradient or reach a kernel outside its limits
+            raise contracts.ContractError(f"{OP}: the ascendc chunk route cannot take this call: {reason}")
         seqs = sequences(shapes.B, shapes.T, cu_seqlens)
         if use_qk_l2norm_in_kernel:
             q, k = l2norm_fp32(q), l2norm_fp32(k)
@@ -191,9 +248,10 @@ def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
             h0 = initial_state.float()
             if seqs.drops_any:
                 h0 = h0.index_select(0, seqs.kept_index(h0.device))
+        elif output_final_state and kernels.final_needs_state:
+            h0 = q.new_zeros(len(seqs.kept), shapes.HV, shapes.K, shapes.V, dtype=torch.float32)
         call = _Call(kernels, seqs, scale, output_final_state)
-        composite = kernels.composite is not None and _fits_composite(shapes.K, shapes.V)
-        function = _Composite if composite else _Decomposed
+        function = _Composite if kernels.composite is not None else _Decomposed
         o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.float(), h0, call)
         o = o.to(v.dtype)
         if not output_final_state or not seqs.drops_any:

@@ -29,17 +29,16 @@ PAD_SLOT_ID = -1
 
 
 def _fn_forward(entry: Callable) -> Callable:
+    # The metadata goes in as the host `_cpu` lists only: later builds refuse a device tensor and its
+    # host twin together ("X and X_cpu are mutually exclusive"), and the host lists spare the op a
+    # device-to-host copy.
     def forward(x, weight, bias, states, bounds: list[int]):
         count = len(bounds) - 1
-        device = x.device
         return entry(
             x,
             weight,
             bias,
             conv_states=states,
-            query_start_loc=torch.tensor(bounds, dtype=torch.int32, device=device),
-            cache_indices=torch.arange(count, dtype=torch.int32, device=device),
-            has_initial_state=torch.ones(count, dtype=torch.bool, device=device),
             activation=None,
             pad_slot_id=PAD_SLOT_ID,
             query_start_loc_cpu=bounds,

@@ -51,6 +51,17 @@ class Sequences:
     def host_lists(self) -> dict[str, list[int] | None]:
         return {"cu_seqlens": self.cu_seqlens, "chunk_indices": self.chunk_indices}
 
+    def first_chunks(self) -> list[tuple[int, int, int, int]]:
+        """(row, position on h's chunk axis, first token, tokens) of each kept sequence's first chunk."""
+        if not self.varlen:
+            return [(row, 0, 0, min(CHUNK, self.length)) for row in range(self.rows)]
+        firsts, index, start = [], 0, 0
+        for n in self.kept:
+            size = self.lengths[n]
+            firsts.append((0, index, start, min(CHUNK, size)))
+            index, start = index + -(-size // CHUNK), start + size
+        return firsts
+
     def kept_index(self, device: torch.device) -> torch.Tensor:
         return torch.tensor(self.kept, dtype=torch.long, device=device)
 

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gdn.backends.ascendc import contracts, knobs, surface
 from gdn.backends.ascendc import device as npu_device
-from gdn.backends.ascendc import knobs, surface
-from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
+from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule, refusal_of
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.conv_probe import probe_conv
 from gdn.backends.ascendc.raw import (
@@ -63,6 +63,8 @@ class OpRoute:
     rejected: list[Rejection] = field(default_factory=list)
     strict_error: str | None = None  # what GDN_STRICT=1 refuses about this op's decision
     fn: Callable | None = None
+    # why the route cannot take one validated call (None: it takes every call the op's contract admits)
+    refusal: Callable[[Any], str | None] | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -111,13 +113,31 @@ def _needs(op: str, ops: RawOps) -> tuple[str, ...]:
     return (RECURRENT,)
 
 
-def _build(op: str, ops: RawOps, composite: RawOps | None) -> tuple[Callable, str | None]:
-    if op == CHUNK_OP:
-        return make_chunk_gated_delta_rule(ChunkKernels.bind(ops, composite)), None
+def _limited(op: str, call: Any) -> dict[str, int]:
+    """The dimensions of one validated call of the conv or a recurrent op that the fla_npu contracts
+    limit. The conv's state length is not among them: the adapter hands the kernels W - 1 columns."""
     if op == CONV_OP:
-        kernels = ConvKernels.bind(ops)
-        return make_causal_conv1d_fn(kernels), kernels.entry
-    return make_recurrent_ops(ops.get(RECURRENT))[op], None
+        D, W = call.args[1].shape
+        return {"D": D, "W": W}
+    shapes = call.kwargs["shapes"]
+    return {"DK": shapes.K, "DV": shapes.V}
+
+
+def _limits_refusal(op: str, ops: RawOps) -> Callable[[Any], str | None]:
+    """The refusal of a call outside the limits of any raw op the route calls for `op`."""
+    needed = _needs(op, ops)
+    return lambda call: contracts.refusal(ops.route, needed, _limited(op, call))
+
+
+def _build(op: str, ops: RawOps, composite: RawOps | None) -> tuple[Callable, str | None, Callable]:
+    """(the op's implementation, its entry point when not the usual one, its per-call refusal)."""
+    if op == CHUNK_OP:
+        kernels = ChunkKernels.bind(ops, composite)
+        return make_chunk_gated_delta_rule(kernels), None, refusal_of(kernels)
+    if op == CONV_OP:
+        conv = ConvKernels.bind(ops)
+        return make_causal_conv1d_fn(conv), conv.entry, _limits_refusal(op, ops)
+    return make_recurrent_ops(ops.get(RECURRENT))[op], None, _limits_refusal(op, ops)
 
 
 def _candidates(found: surface.Surface) -> list[tuple[str, RawOps | None, str | None]]:
@@ -171,7 +191,7 @@ def _resolve_op(op: str, plan: Plan, requested: bool | None, probe: Callable) ->
             entry.rejected.append(Rejection(route_name(route), f"also available; {entry.route} is preferred"))
             continue
         composite = _composite(entry, ops, requested) if op == CHUNK_OP else None
-        fn, detail = _build(op, ops, composite)
+        fn, detail, refusal = _build(op, ops, composite)
         if op == CONV_OP:
             record = probe(fn, plan.npu.device)
             if not record["passed"]:
@@ -179,7 +199,7 @@ def _resolve_op(op: str, plan: Plan, requested: bool | None, probe: Callable) ->
                 entry.rejected.append(Rejection(route_name(route), why, record))
                 entry.strict_error = entry.strict_error or f"{route_name(route)} {why}"
                 continue
-        entry.fn, entry.route = fn, entry.route or route_name(route)
+        entry.fn, entry.route, entry.refusal = fn, entry.route or route_name(route), refusal
         entry.detail = entry.detail or detail
     _log_op(entry)
     return entry

@@ -1,15 +1,16 @@
 """STAND-IN for fla_npu.ops.ascendc (tests/standins), NOT the real module.
 
 26.6: thin wrappers that forward to torch.ops.npu, as the real 26.6 module does. 26.10: the raw ops
-as plain functions computing through standins.kernels_*, plus npu_causal_conv1d_fn, the recurrent op
-and, in the composite profile, npu_chunk_gated_delta_rule_fwd. The broken-conv profiles reproduce the
-26.10 dev wheel's stable conv: zeros for all-ones input, large garbage otherwise.
+as plain functions computing through standins.kernels_*, each held to its stable contract
+(gdn.backends.ascendc.contracts, through standins.conform), plus npu_causal_conv1d_fn, the recurrent
+op and, in the composite profile, npu_chunk_gated_delta_rule_fwd. The broken-conv profiles reproduce
+the 26.10 dev wheel's stable conv: zeros for all-ones input, large garbage otherwise.
 """
 
 import torch
 
 from fla_npu import PROFILE
-from standins import broken, kernels_chunk, kernels_conv, kernels_recurrent, legacy
+from standins import broken, legacy, support
 
 __gdn_stand_in__ = PROFILE.label
 
@@ -26,11 +27,6 @@ if not PROFILE.decoupled:
     for _name in legacy.SCHEMAS:
         globals()[_name] = _forwarding(_name)
 else:
-    for _module in (kernels_chunk, kernels_conv, kernels_recurrent):
-        for _name in dir(_module):
-            if _name.startswith("npu_") and _name != "npu_chunk_gated_delta_rule_fwd":
-                globals()[_name] = getattr(_module, _name)
-    if PROFILE.composite:
-        npu_chunk_gated_delta_rule_fwd = kernels_chunk.npu_chunk_gated_delta_rule_fwd
+    globals().update(support.stable_ops(composite=PROFILE.composite))
     if PROFILE.broken_conv:
         npu_causal_conv1d = npu_causal_conv1d_fn = broken.dev_wheel
