@@ -27,6 +27,11 @@ from reference import gdn_recurrence, rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# dg and dbeta sum products over a head dimension, which cancel: with half-precision inputs their
+# relative error has a long tail. Measured under the interpreter (Triton 3.6, bf16, l2norm, T=100,
+# K=V=64), 200 random cases: dg median 4.5e-3, p99 1.10e-2, max 1.16e-2; dbeta median 4.5e-3, max
+# 9.4e-3; every other output and gradient at most 7.8e-3. A wrong term is off by O(1).
+HALF_REDUCED_GRAD_TOL = {"dg": 2e-2, "dbeta": 2e-2}
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, triton_l2norm)
 
@@ -50,8 +55,9 @@ def make_inputs(gen, T, H, HV, K, V, *, B=1, N=None, dtype=torch.float32, with_s
     return q, k, v, g, beta, h0
 
 
-def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2norm=False):
-    """Forward and backward with random upstream gradients on o and the final state, both sides."""
+def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2norm=False, tol_of=None):
+    """Forward and backward with random upstream gradients on o and the final state, both sides;
+    `tol_of` overrides the tolerance of named outputs (e.g. {"dg": ...})."""
     q, v = inputs[0], inputs[2]
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else q.shape[0]
     do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
@@ -83,8 +89,9 @@ def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2no
     for name, leaf, ref in zip(GRAD_NAMES, leaves, ref_leaves, strict=True):
         if leaf is not None:
             errors[f"d{name}"] = rel_err(leaf.grad, ref.grad)
-    bad = {name: f"{err:.2e}" for name, err in errors.items() if not err <= tol}
-    assert not bad, f"rel err over {tol}: {bad}"
+    limits = {name: (tol_of or {}).get(name, tol) for name in errors}
+    bad = {name: f"{err:.2e} > {limits[name]}" for name, err in errors.items() if not err <= limits[name]}
+    assert not bad, f"rel err over the tolerance: {bad}"
 
 
 # (T, H, HV, K, V, initial state, l2norm, scale): odd lengths around the chunk size, non-power-of-two
@@ -125,7 +132,7 @@ def test_varlen_fp32_matches_fp64_recurrence(bounds, with_state, l2norm, gen):
 @pytest.mark.parametrize("l2norm", [False, True])
 def test_half_precision_matches_fp64_recurrence(dtype, l2norm, gen):
     inputs = make_inputs(gen, 100, 1, 2, 64, 64, dtype=dtype)
-    check_against_recurrence(gen, inputs, TOL[dtype], l2norm=l2norm)
+    check_against_recurrence(gen, inputs, TOL[dtype], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL)
 
 
 @pytest.mark.shape_grid
@@ -133,7 +140,9 @@ def test_half_precision_varlen_with_half_gates(gen):
     """bf16 everywhere, gates included (g arrives fp32 or half; its gradient comes back in its dtype)."""
     bounds = [0, 1, 65, 130]
     inputs = make_inputs(gen, 130, 1, 2, 64, 64, N=3, dtype=torch.bfloat16, g_dtype=torch.bfloat16)
-    check_against_recurrence(gen, inputs, TOL[torch.bfloat16], cu_seqlens=bounds, l2norm=True)
+    check_against_recurrence(
+        gen, inputs, TOL[torch.bfloat16], cu_seqlens=bounds, l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL
+    )
 
 
 @pytest.mark.single_op
