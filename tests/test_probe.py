@@ -71,13 +71,18 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+# On a GPU machine with an empty Triton cache the probe compiles every op's kernels for its numeric
+# probes, while the other test workers compile theirs: the H200 took over 60 s there (12-20 s warm).
+PROBE_TIMEOUT_S = 300
+
+
 def run_probe(*args: str, pythonpath: Path | None = None, **env: str) -> subprocess.CompletedProcess[str]:
     # one intra-op thread: the probe's tensors are tiny, and spin-waiting threads crawl on a busy machine
     child_env = {k: v for k, v in os.environ.items() if k not in PROBE_ENV} | {"OMP_NUM_THREADS": "1"} | env
     if pythonpath is not None:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "gdn.probe", *args], env=child_env, capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gdn.probe", *args], env=child_env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
     )
 
 
