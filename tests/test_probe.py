@@ -82,7 +82,11 @@ def run_probe(*args: str, pythonpath: Path | None = None, **env: str) -> subproc
     if pythonpath is not None:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "gdn.probe", *args], env=child_env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+        [sys.executable, "-m", "gdn.probe", *args],
+        env=child_env,
+        capture_output=True,
+        text=True,
+        timeout=PROBE_TIMEOUT_S,
     )
 
 
