@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gdn.matrix import peers, schema, speed
-from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text, md_cell, md_table
+from gdn.matrix.markdown import md_cell, md_table
+from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.schema import shape_text
 
 DEFAULT_THRESHOLD = 0.10

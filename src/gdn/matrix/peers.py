@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gdn.matrix.markdown import md_table
+
 
 def fla_kernel(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     """None when the cell has no fla installed (or no manifest)."""
@@ -41,7 +43,6 @@ def kernel_text(entry: dict[str, Any] | None) -> str:
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
-    from gdn.matrix.report import md_table
 
     rows = []
     for cell in report["cells"]:

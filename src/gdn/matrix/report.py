@@ -15,7 +15,6 @@ import math
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import asdict
 from datetime import datetime, timezone
 from importlib import resources
@@ -25,6 +24,7 @@ from typing import Any
 from gdn.matrix import devices, peers, schema, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.jsonio import atomic_write
+from gdn.matrix.markdown import md_cell, md_table
 from gdn.matrix.results import FAMILY_MARKERS, CellResults, TestCase, read_results
 from gdn.matrix.schema import REPORT_SCHEMA, BenchFile, CellOutcome, ResolutionRecord, Verdict
 from gdn.matrix.versions import VERSION_KEYS, dig, versions
@@ -369,18 +369,6 @@ STATUS_ICONS = {
     "not_run": "⚪",
     "interrupted": "⏹️",
 }
-
-
-def md_cell(value: Any) -> str:
-    """A value as one Markdown table cell: no line breaks, pipes escaped."""
-    text = "—" if value is None or value == "" else str(value)
-    return " ".join(text.split()).replace("|", "\\|")
-
-
-def md_table(header: list[str], rows: Iterable[list[Any]]) -> list[str]:
-    lines = ["| " + " | ".join(md_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(md_cell(v) for v in row) + " |" for row in rows]
-    return [*lines, ""]
 
 
 def _fence(text: str) -> str:

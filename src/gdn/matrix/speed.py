@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from gdn.matrix.markdown import md_table
 from gdn.matrix.schema import BenchRow, shape_text
 
 HEADER = ["op", "shape", "pass", "backend", "ran", "ms", "× fastest", "peak GiB", "first call s", "note"]
@@ -76,7 +77,6 @@ def table(rows: Iterable[BenchRow]) -> list[list[str]]:
 
 def markdown(report: dict[str, Any]) -> list[str]:
     """The '## Speed' section: one table per cell that has typed bench rows."""
-    from gdn.matrix.report import md_table
 
     lines: list[str] = []
     for cell in report["cells"]:
