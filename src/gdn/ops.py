@@ -27,6 +27,14 @@ class Call:
 PREPARE: dict[str, Callable[..., Call]] = {}
 
 
+def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    """The small tensors (offsets, slot indices, flags, bias, conv weight, gate parameters) are read by
+    the kernels as dense buffers without strides; one copy here serves every backend. The large
+    operands and the state pools keep their strides: the kernels take those, and a pool is written in
+    place."""
+    return None if t is None else t.contiguous()
+
+
 def _op(prepare: Callable[..., Call]) -> Callable:
     name = prepare.__name__
     PREPARE[name] = prepare
@@ -52,7 +60,7 @@ def _gdn_call(
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
-        cu_seqlens=cu_seqlens,
+        cu_seqlens=_dense(cu_seqlens),
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
     return Call(q.device, (q, k, v, g, beta), kwargs)
@@ -151,8 +159,8 @@ def fused_recurrent_gated_delta_rule_update(
             shapes=shapes,
             scale=scale,
             ssm_pool=ssm_pool,
-            ssm_indices=ssm_indices,
-            cu_seqlens=cu_seqlens,
+            ssm_indices=_dense(ssm_indices),
+            cu_seqlens=_dense(cu_seqlens),
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         ),
     )
@@ -195,15 +203,15 @@ def causal_conv1d_fn(
     )
     return Call(
         x.device,
-        (x, weight, bias, activation),
+        (x, _dense(weight), _dense(bias), activation),
         dict(
-            seq_idx=seq_idx,
+            seq_idx=_dense(seq_idx),
             initial_states=initial_states,
             return_final_states=return_final_states,
-            query_start_loc=query_start_loc,
+            query_start_loc=_dense(query_start_loc),
             conv_states=conv_states,
-            cache_indices=cache_indices,
-            has_initial_state=has_initial_state,
+            cache_indices=_dense(cache_indices),
+            has_initial_state=_dense(has_initial_state),
         ),
     )
 
@@ -213,7 +221,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     """Decode step: x [B, D] or [B, D, L] new tokens; conv_state [slots, D, state_len >= W - 1] is
     updated in place (rows picked by conv_state_indices [B], -1 skips a row)."""
     check.check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices)
-    return Call(x.device, (x, conv_state, weight, bias, activation), dict(conv_state_indices=conv_state_indices))
+    return Call(
+        x.device,
+        (x, conv_state, _dense(weight), _dense(bias), activation),
+        dict(conv_state_indices=_dense(conv_state_indices)),
+    )
 
 
 @_op
@@ -227,4 +239,4 @@ def l2norm(x, eps=1e-6):
 def fused_gdn_gating(A_log, a, b, dt_bias):
     """g = -exp(A_log) * softplus(a + dt_bias) (fp32) and beta = sigmoid(b) (b's dtype)."""
     check.check_gating_inputs(A_log, a, b, dt_bias)
-    return Call(a.device, (A_log, a, b, dt_bias))
+    return Call(a.device, (_dense(A_log), a, b, _dense(dt_bias)))
