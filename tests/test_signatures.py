@@ -139,21 +139,33 @@ def _conv_update_values(gen: torch.Generator, everything: bool) -> dict[str, obj
     B, D, W = 2, 3, 4
     return dict(
         x=_randn(gen, B, D),
-        conv_state=_randn(gen, 3, D, W),
+        conv_state=_randn(gen, B, D, W),
         weight=_randn(gen, D, W),
         bias=_randn(gen, D),
         activation="silu",
         cache_seqlens=torch.tensor([1, 3], dtype=torch.int32) if everything else None,
-        conv_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+        conv_state_indices=torch.tensor([1, 0], dtype=torch.int32),
     )
 
 
-# peer signature, gdn op, values, tensors the op updates in place
-PEERS: dict[str, tuple[Callable, Callable, Callable, tuple[str, ...]]] = {
-    "fla-chunk": (fla_chunk_gated_delta_rule, gdn.chunk_gated_delta_rule, _gdn_values, ()),
-    "fla-recurrent": (fla_fused_recurrent_gated_delta_rule, gdn.fused_recurrent_gated_delta_rule, _gdn_values, ()),
-    "dao-conv-fn": (dao_causal_conv1d_fn, gdn.causal_conv1d_fn, _conv_fn_values, ()),
-    "dao-conv-update": (dao_causal_conv1d_update, gdn.causal_conv1d_update, _conv_update_values, ("conv_state",)),
+# peer signature, gdn op, values, tensors the op updates in place, arguments every form passes
+PEERS: dict[str, tuple[Callable, Callable, Callable, tuple[str, ...], tuple[str, ...]]] = {
+    "fla-chunk": (fla_chunk_gated_delta_rule, gdn.chunk_gated_delta_rule, _gdn_values, (), ()),
+    "fla-recurrent": (
+        fla_fused_recurrent_gated_delta_rule,
+        gdn.fused_recurrent_gated_delta_rule,
+        _gdn_values,
+        (),
+        ("g", "beta"),
+    ),
+    "dao-conv-fn": (dao_causal_conv1d_fn, gdn.causal_conv1d_fn, _conv_fn_values, (), ()),
+    "dao-conv-update": (
+        dao_causal_conv1d_update,
+        gdn.causal_conv1d_update,
+        _conv_update_values,
+        ("conv_state",),
+        (),
+    ),
 }
 
 
@@ -166,21 +178,22 @@ def _positional_count(op: Callable) -> int:
     return sum(p.kind in kinds for p in inspect.signature(op).parameters.values())
 
 
-def _forms(stub: Callable) -> list:
-    """Every positional prefix of the peer's parameters, and every optional parameter by keyword after
-    the required ones."""
+def _forms(stub: Callable, essential: tuple[str, ...]) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    """(positional names, keyword names): every positional prefix of the peer's parameters, every
+    optional parameter by keyword, and all by keyword; the essential ones by keyword where a form
+    would leave them out (fla's recurrent op lets g and beta default, gdn needs them)."""
     names = _parameters(stub)
-    required = [p.name for p in inspect.signature(stub).parameters.values() if p.default is inspect.Parameter.empty]
-    required = [n for n in required if n in names]
+    required = [n for n in names if inspect.signature(stub).parameters[n].default is inspect.Parameter.empty]
     forms = [(tuple(names[:n]), ()) for n in range(len(required), len(names) + 1)]
-    forms += [(tuple(required), (name,)) for name in names[len(required) :]]
-    return forms
+    forms += [(tuple(required), (name,)) for name in names[len(required) :] if name not in essential]
+    forms.append(((), tuple(names)))
+    return [(pos, tuple(n for n in essential if n not in pos + kw) + kw) for pos, kw in forms]
 
 
 def _params() -> list:
     params = []
-    for label, (stub, *_rest) in PEERS.items():
-        for positional, keywords in _forms(stub):
+    for label, (stub, _op, _make, _in_place, essential) in PEERS.items():
+        for positional, keywords in _forms(stub, essential):
             form = f"{len(positional)}pos" + "".join(f"+{k}" for k in keywords)
             for everything in (False, True):
                 case = "everything" if everything else "supported"
@@ -205,7 +218,7 @@ def _named(exc: BaseException) -> set[str]:
 @pytest.mark.single_op
 @pytest.mark.parametrize(("label", "positional", "keywords", "everything"), _params())
 def test_a_peer_call_means_the_same_or_is_refused_by_name(label, positional, keywords, everything):
-    stub, op, make, in_place = PEERS[label]
+    stub, op, make, in_place, _essential = PEERS[label]
 
     def values() -> dict[str, object]:
         return make(torch.Generator().manual_seed(0), everything)
