@@ -32,8 +32,8 @@ def test_dense_matches_reference(activation, W, gen):
 def test_dense_initial_and_final_states(gen):
     x, w, b = conv_inputs(gen, T=2, W=4)  # shorter than the history: the final state mixes both
     hist = torch.randn(2, 24, 3, generator=gen)
-    out, final = gdn.causal_conv1d_fn(x, w, b, "silu", initial_states=hist, return_final_states=True)
-    assert rel_err(out, causal_conv(x, w, b, "silu", history=hist)) < 1e-6
+    out, final = gdn.causal_conv1d_fn(x, w, b, activation="silu", initial_states=hist, return_final_states=True)
+    assert rel_err(out, causal_conv(x, w, b, activation="silu", history=hist)) < 1e-6
     assert torch.equal(final, torch.cat([hist, x], dim=-1)[..., -3:])
 
 
@@ -43,7 +43,7 @@ def test_dense_gradients_match_autograd_conv(gen):
     leaves = [t.clone().requires_grad_() for t in (x, w, b, hist)]
     ref_leaves = [t.clone().double().requires_grad_() for t in (x, w, b, hist)]
     up = torch.randn(2, 24, 19, generator=gen)
-    (gdn.causal_conv1d_fn(*leaves[:3], "silu", initial_states=leaves[3]) * up).sum().backward()
+    (gdn.causal_conv1d_fn(*leaves[:3], activation="silu", initial_states=leaves[3]) * up).sum().backward()
     rx, rw, rb, rh = ref_leaves
     ref = F.silu(F.conv1d(torch.cat([rh, rx], -1), rw.unsqueeze(1), rb, groups=24))
     (ref * up.double()).sum().backward()
@@ -54,7 +54,7 @@ def test_dense_gradients_match_autograd_conv(gen):
 def test_seq_idx_keeps_packed_sequences_apart(gen):
     x, w, b = conv_inputs(gen, B=1, T=20)
     seq_idx = torch.tensor([[0] * 7 + [1] * 1 + [2] * 12], dtype=torch.int32)
-    out = gdn.causal_conv1d_fn(x, w, b, "silu", seq_idx=seq_idx)
+    out = gdn.causal_conv1d_fn(x, w, b, activation="silu", seq_idx=seq_idx)
     for s, e in ((0, 7), (7, 8), (8, 20)):
         assert rel_err(out[..., s:e], causal_conv(x[..., s:e], w, b, "silu")) < 1e-6
 
@@ -72,7 +72,7 @@ def test_varlen_reads_and_writes_the_pool(gen):
         x,
         w,
         b,
-        "silu",
+        activation="silu",
         query_start_loc=torch.tensor(bounds),
         conv_states=pool,
         cache_indices=slots,
@@ -96,7 +96,7 @@ def test_update_steps_equal_prefill(state_len, gen):
     pool = torch.zeros(4, 24, state_len)
     indices = torch.tensor([3, 0, 1])
     outs = [gdn.causal_conv1d_update(x[..., t], pool, w, b, "silu", conv_state_indices=indices) for t in range(6)]
-    assert rel_err(torch.stack(outs, dim=-1), causal_conv(x, w, b, "silu")) < 1e-6
+    assert rel_err(torch.stack(outs, dim=-1), causal_conv(x, w, b, activation="silu")) < 1e-6
     assert torch.equal(pool[indices, :, -min(state_len, 6) :], x[..., -min(state_len, 6) :])
 
 
@@ -116,5 +116,5 @@ def test_update_skips_padded_rows_and_takes_several_tokens(gen):
 def test_update_without_indices_uses_batch_rows(gen):
     x, w, b = conv_inputs(gen, B=2, T=1, W=3)
     state = torch.randn(2, 24, 2, generator=gen)
-    want = causal_conv(x, w, b, "silu", history=state.clone())
+    want = causal_conv(x, w, b, activation="silu", history=state.clone())
     assert rel_err(gdn.causal_conv1d_update(x[..., 0], state, w, b, "silu"), want[..., 0]) < 1e-6

@@ -29,7 +29,7 @@ def run_with_grads(fn, inputs, upstream, **kwargs):
     """Call fn, backprop the fixed upstream gradients, return (outputs, grads) as fp64 CPU tensors."""
     leaves = [None if x is None else x.detach().clone().requires_grad_() for x in inputs]
     q, k, v, g, beta, h0 = leaves
-    o, final = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, **kwargs)
+    o, final = fn(q, k, v, g, beta=beta, initial_state=h0, output_final_state=True, **kwargs)
     loss = (o.double() * upstream[0]).sum() + (final.double() * upstream[1]).sum()
     loss.backward()
     grads = {name: x.grad for name, x in zip(GRAD_NAMES, leaves, strict=True) if x is not None}
@@ -134,7 +134,7 @@ def test_chunk_and_recurrent_agree(dtype, gen):
     q, k, v, g, beta, h0 = make_inputs(gen, B=3, T=100, H=2, HV=4, K=64, V=64, dtype=dtype)
     kwargs = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True)
     oc, fc = gdn.chunk_gated_delta_rule(q, k, v, g, beta, **kwargs)
-    orr, fr = gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta, **kwargs)
+    orr, fr = gdn.fused_recurrent_gated_delta_rule(q, k, v, g, beta=beta, **kwargs)
     assert rel_err(oc, orr) < (1e-5 if dtype == torch.float32 else 1e-2)
     assert rel_err(fc, fr) < 1e-5
 
@@ -143,7 +143,7 @@ def test_chunk_and_recurrent_agree(dtype, gen):
 def test_no_final_state_unless_asked(gen):
     q, k, v, g, beta, _ = make_inputs(gen, B=1, T=10, H=1, HV=1, K=8, V=8, with_state=False)
     for fn in OPS:
-        o, final = fn(q, k, v, g, beta)
+        o, final = fn(q, k, v, g, beta=beta)
         assert final is None and o.shape == v.shape
 
 
@@ -155,7 +155,9 @@ def test_strong_gates_stay_finite(fn, gen):
     g = -torch.rand(1, 130, 2, generator=gen) * 200.0
     g[:, ::7] = 0.0
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
-    o, final = fn(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, final = fn(
+        *leaves[:4], beta=leaves[4], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     (o.sum() + final.sum()).backward()
     assert torch.isfinite(o).all() and torch.isfinite(final).all()
     assert all(torch.isfinite(x.grad).all() for x in leaves)

@@ -77,7 +77,7 @@ STANDIN = {
 
         def _eager(op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel):
             call = PREPARE[op](
-                q, k, v, g, beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+                q, k, v, g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             )
             return EAGER.ops[op](*call.args, **call.kwargs)

@@ -197,7 +197,7 @@ def test_an_explicit_mode_applies_to_the_patched_calls_only(tracer):
         assert all(n > 0 for n in tracer.calls.values()), tracer.calls
         counted = dict(tracer.calls)
         x, w = torch.randn(1, 8, 5), torch.randn(8, 4)
-        gdn.causal_conv1d_fn(x, w, None, "silu")  # a direct call: the process-wide mode
+        gdn.causal_conv1d_fn(x, w, None, activation="silu")  # a direct call: the process-wide mode
         assert tracer.calls == counted
         record = handle.record()
     routes = {route for m in record["modules"] for calls in m["calls"].values() for route in calls}

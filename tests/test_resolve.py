@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -769,3 +771,15 @@ def test_a_probe_whose_every_case_is_refused_fails():
     assert rec["backend"] == "eager"
     [rejected] = rec["rejected"]
     assert rejected["reason"].startswith("numeric probe failed: every case refused: dense: no call at all")
+
+
+def test_the_npu_backend_raises_strict_errors_without_importing_the_resolver():
+    """Errors and strict mode sit below the resolver, so the AscendC backend (which raises them) does not
+    close an import circle through gdn.resolve, gdn.ops and the numeric probe."""
+    code = (
+        "import sys, gdn.backends.ascendc.backend\n"
+        "print(sorted(m for m in ('gdn.resolve', 'gdn.ops', 'gdn.numeric_probe') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    assert gdn.GdnBackendError is resolver.GdnBackendError  # the public name is the one the resolver raises

@@ -68,7 +68,9 @@ def test_gated_delta_rule_matches_transformers(model, ours, theirs, gen):
     q, k, v, g, beta, h0 = gdn_inputs(gen)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
-    o, final = ours(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True)
+    o, final = ours(
+        *leaves[:4], beta=leaves[4], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=True
+    )
     rq, rk, rv, rg, rb, rh = ref_leaves
     ro, rfinal = reference(
         repeated(rq, 4),

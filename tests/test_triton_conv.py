@@ -54,7 +54,7 @@ def test_dense_matches_eager(layout, W, activation, with_bias, dtype, gen):
     weight, bias = randn(gen, D, W), (randn(gen, D) if with_bias else None)
     history = randn(gen, B, D, W - 1, dtype=dtype)
     kwargs = dict(initial_states=history, return_final_states=True)
-    (out, final), (ref, ref_final) = both(FN, x, weight, bias, activation, **kwargs)
+    (out, final), (ref, ref_final) = both(FN, x, weight, bias, activation=activation, **kwargs)
     assert out.dtype == dtype and out.stride() == x.stride()  # the output keeps the input's layout
     assert rel_err(out, ref) <= TOL[dtype]
     assert torch.equal(final, ref_final)
@@ -63,7 +63,7 @@ def test_dense_matches_eager(layout, W, activation, with_bias, dtype, gen):
 @pytest.mark.single_op
 def test_dense_without_history_and_short_rows(gen):
     x, weight = randn(gen, 3, 16, 2), randn(gen, 16, 4)  # T < W - 1: the final state is mostly zeros
-    (out, final), (ref, ref_final) = both(FN, x, weight, None, "silu", return_final_states=True)
+    (out, final), (ref, ref_final) = both(FN, x, weight, None, activation="silu", return_final_states=True)
     assert rel_err(out, ref) <= 1e-5 and torch.equal(final, ref_final)
     out, ref = both(FN, x, weight)
     assert rel_err(out, ref) <= 1e-5
@@ -74,7 +74,7 @@ def test_seq_idx_keeps_packed_sequences_apart(gen):
     x, weight, bias = randn(gen, 2, 24, 20), randn(gen, 24, 4), randn(gen, 24)
     seq_idx = torch.tensor([[0] * 7 + [1] + [2] * 12, [5] * 3 + [6] * 17], dtype=torch.int32, device=DEVICE)
     history = randn(gen, 2, 24, 3)  # read by each row's first sequence only
-    out, ref = both(FN, x, weight, bias, "silu", seq_idx=seq_idx, initial_states=history)
+    out, ref = both(FN, x, weight, bias, activation="silu", seq_idx=seq_idx, initial_states=history)
     assert rel_err(out, ref) <= 1e-5
 
 
@@ -99,8 +99,8 @@ def test_varlen_reads_and_writes_the_pool(layout, dtype, gen):
     pool = randn(gen, 8, D, W - 1, dtype=dtype)
     before, eager_pool = pool.clone(), pool.clone()
     kwargs = dict(query_start_loc=torch.tensor(bounds, device=DEVICE), cache_indices=slots, has_initial_state=has_init)
-    out = run(conv.causal_conv1d_fn, FN, x, weight, bias, "silu", conv_states=pool, **kwargs)
-    ref = run(EAGER.ops[FN], FN, x, weight, bias, "silu", conv_states=eager_pool, **kwargs)
+    out = run(conv.causal_conv1d_fn, FN, x, weight, bias, activation="silu", conv_states=pool, **kwargs)
+    ref = run(EAGER.ops[FN], FN, x, weight, bias, activation="silu", conv_states=eager_pool, **kwargs)
     assert out.stride() == x.stride()
     assert rel_err(out, ref) <= TOL[dtype]
     assert torch.equal(pool, eager_pool)
@@ -115,10 +115,10 @@ def test_varlen_default_slots_no_flags_and_no_pool(gen):
     pool = randn(gen, 4, D, W - 1)
     eager_pool = pool.clone()
     # cache_indices None: sequence n owns slot n; has_initial_state None: no history is read
-    out = run(conv.causal_conv1d_fn, FN, x, weight, None, None, query_start_loc=bounds, conv_states=pool)
-    ref = run(EAGER.ops[FN], FN, x, weight, None, None, query_start_loc=bounds, conv_states=eager_pool)
+    out = run(conv.causal_conv1d_fn, FN, x, weight, None, query_start_loc=bounds, conv_states=pool)
+    ref = run(EAGER.ops[FN], FN, x, weight, None, query_start_loc=bounds, conv_states=eager_pool)
     assert rel_err(out, ref) <= 1e-5 and torch.equal(pool, eager_pool)
-    out, ref = both(FN, x, weight, None, "silu", query_start_loc=bounds)
+    out, ref = both(FN, x, weight, None, activation="silu", query_start_loc=bounds)
     assert rel_err(out, ref) <= 1e-5
 
 
@@ -152,7 +152,7 @@ def test_update_steps_equal_prefill_and_rows_without_indices(gen):
     x, weight, bias = randn(gen, B, D, T), randn(gen, D, W), randn(gen, D)
     state = torch.zeros(B, D, W - 1, device=DEVICE)  # no indices: row b is state b
     outs = [run(conv.causal_conv1d_update, UPDATE, x[..., t], state, weight, bias, "silu") for t in range(T)]
-    ref, ref_final = run(EAGER.ops[FN], FN, x, weight, bias, "silu", return_final_states=True)
+    ref, ref_final = run(EAGER.ops[FN], FN, x, weight, bias, activation="silu", return_final_states=True)
     assert rel_err(torch.stack(outs, dim=-1), ref) <= 1e-5
     assert torch.equal(state, ref_final)
 
@@ -187,12 +187,12 @@ def varlen(T, transposed):
     x = torch.randn(T, D, dtype=torch.bfloat16).t() if transposed else torch.randn(D, T, dtype=torch.bfloat16)
     bounds, slots = torch.tensor([0, 1, T - 3, T]), torch.tensor([3, -1, 5])
     has_init = torch.tensor([True, True, False])
-    return launches("causal_conv1d_fn", x, weight, bias, "silu", query_start_loc=bounds, conv_states=pool,
+    return launches("causal_conv1d_fn", x, weight, bias, activation="silu", query_start_loc=bounds, conv_states=pool,
                     cache_indices=slots, has_initial_state=has_init)
 
 def dense(T, transposed):
     x = torch.randn(2, T, D, dtype=torch.bfloat16).transpose(1, 2) if transposed else torch.randn(2, D, T)
-    return launches("causal_conv1d_fn", x, weight, None, None, seq_idx=torch.zeros(2, T, dtype=torch.int32),
+    return launches("causal_conv1d_fn", x, weight, None, seq_idx=torch.zeros(2, T, dtype=torch.int32),
                     initial_states=torch.zeros(2, D, W - 1), return_final_states=True)
 
 def update(L, transposed):  # x [B, D, L] has one layout

@@ -79,7 +79,7 @@ def test_plain_matches_eager(dtype, B, T, H, HV, K, V, with_state, l2norm, scale
     q, k, v, g, beta = make_inputs(gen, B, T, H, HV, K, V, dtype)
     h0 = random_pool(gen, B, HV, K, V) if with_state else None
     kwargs = dict(initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=l2norm, scale=scale)
-    (o, final), (ro, rfinal) = triton_and_eager(PLAIN, q, k, v, g, beta, **kwargs)
+    (o, final), (ro, rfinal) = triton_and_eager(PLAIN, q, k, v, g, beta=beta, **kwargs)
     assert o.dtype == v.dtype and final.dtype == torch.float32
     assert rel_err(o, ro) <= TOL[dtype]
     assert rel_err(final, rfinal) <= 1e-5
@@ -92,7 +92,16 @@ def test_plain_varlen_and_no_final_state(gen):
     h0 = random_pool(gen, 4, 2, 16, 16)
     cu = torch.tensor(bounds, device=DEVICE)
     (o, final), (ro, rfinal) = triton_and_eager(
-        PLAIN, q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+        PLAIN,
+        q,
+        k,
+        v,
+        g,
+        beta=beta,
+        initial_state=h0,
+        output_final_state=True,
+        cu_seqlens=cu,
+        use_qk_l2norm_in_kernel=True,
     )
     assert rel_err(o, ro) <= 1e-5 and rel_err(final, rfinal) <= 1e-5
     assert torch.equal(final[1], h0[1])
@@ -103,7 +112,7 @@ def test_plain_varlen_and_no_final_state(gen):
         k,
         v,
         g,
-        beta,
+        beta=beta,
         initial_state=h0,
         cu_seqlens=cu,
         use_qk_l2norm_in_kernel=True,
@@ -184,13 +193,13 @@ def test_forward_only_refuses_inputs_that_need_gradients(gen):
     q, k, v, g, beta = make_inputs(gen, 1, 2, 1, 1, 8, 8)
     q.requires_grad_(True)
     with pytest.raises(NotImplementedError, match=r"forward only .* q require grad"):
-        run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta)
+        run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta=beta)
     pool = random_pool(gen, 1, 1, 8, 8)
     indices = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     with pytest.raises(NotImplementedError, match="forward only"):
         run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, indices)
     with torch.no_grad():
-        o, _ = run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta)
+        o, _ = run(decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta=beta)
     assert o.shape == v.shape
 
 
@@ -337,7 +346,7 @@ def call(op, B, T, K=128, V=128, cu=None, **kwargs):
         kwargs.update(ssm_pool=torch.zeros(2 * N, 32, K, V), ssm_indices=torch.arange(N, dtype=torch.int32))
     if cu is not None:
         kwargs["cu_seqlens"] = torch.tensor(cu)
-    prepared = PREPARE[op](q, q, v, g, beta, use_qk_l2norm_in_kernel=True, **kwargs)
+    prepared = PREPARE[op](q, q, v, g, beta=beta, use_qk_l2norm_in_kernel=True, **kwargs)
     return record(decode, lambda: getattr(decode, op)(*prepared.args, **prepared.kwargs))["_recurrent_kernel"][0]
 
 POOL = "fused_recurrent_gated_delta_rule_update"

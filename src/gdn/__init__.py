@@ -18,7 +18,7 @@ _EXPORTS = {
     "fused_recurrent_gated_delta_rule": "gdn.ops",
     "fused_recurrent_gated_delta_rule_update": "gdn.ops",
     "l2norm": "gdn.ops",
-    "GdnBackendError": "gdn.resolve",
+    "GdnBackendError": "gdn.errors",
     "compute_mode": "gdn.resolve",
     "modes": "gdn.resolve",
     "register_backend": "gdn.resolve",
@@ -44,6 +44,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from gdn.errors import GdnBackendError
     from gdn.ops import (
         causal_conv1d_fn,
         causal_conv1d_update,
@@ -54,7 +55,6 @@ if TYPE_CHECKING:
         l2norm,
     )
     from gdn.resolve import (
-        GdnBackendError,
         compute_mode,
         modes,
         register_backend,

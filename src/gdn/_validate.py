@@ -99,6 +99,13 @@ class Checker:
             self.fail(name, "a bool", _type_name(value), TypeError)
         return value
 
+    def unsupported(self, name: str, value: object, default: object, feature: str) -> None:
+        """An argument of the library gdn stands in for, asking for a feature gdn does not implement:
+        its default passes, anything else is refused by name rather than ignored."""
+        if value is not default:
+            got = repr(value) if isinstance(value, (bool, int, float, str)) else _type_name(value)
+            self.fail(name, f"{default!r} (gdn does not implement {feature})", got, TypeError)
+
     def positive(self, name: str, size: int, what: str) -> None:
         if size < 1:
             self.fail(name, f"{what} >= 1", size)

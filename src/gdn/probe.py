@@ -279,7 +279,8 @@ def devices_section(torch_npu: Section) -> Section:
 
 def gdn_section() -> Section:
     import gdn
-    from gdn.resolve import backends, strict
+    from gdn.errors import strict
+    from gdn.resolve import backends
 
     section: Section = {"version": gdn.__version__}
     _guarded(section, "compute_mode", gdn.compute_mode)

@@ -29,17 +29,13 @@ from typing import Any
 import torch
 
 from gdn.backends.base import Backend
+from gdn.errors import STRICT_ENV, GdnBackendError, strict
 
 log = logging.getLogger("gdn")
 
 AUTO = "auto"
 EAGER = "eager"
 MODE_ENV = "GDN_COMPUTE_MODE"
-STRICT_ENV = "GDN_STRICT"
-
-
-class GdnBackendError(RuntimeError):
-    """A requested backend could not serve an op and strict mode forbids falling back."""
 
 
 @dataclass
@@ -165,10 +161,6 @@ def compute_mode() -> str:
     if _mode_override is not None:
         return _check_mode(_mode_override, "set_compute_mode (the backend it named was unregistered)")
     return _check_mode(os.environ.get(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")
-
-
-def strict() -> bool:
-    return os.environ.get(STRICT_ENV, "0").lower() in ("1", "true", "yes")
 
 
 def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:

@@ -122,7 +122,7 @@ def _delta_rule(op: str, name: str) -> Callable:
             key,
             value,
             g,
-            beta,
+            beta=beta,
             initial_state=initial_state,
             output_final_state=output_final_state,
             cu_seqlens=cu_seqlens,
@@ -147,7 +147,7 @@ def causal_conv1d_fn(
 ) -> torch.Tensor:
     if seq_idx is None:
         seq_idx = _seq_idx(_caller.get(), x)
-    return _run("causal_conv1d_fn", x, weight, bias, activation, seq_idx=seq_idx)
+    return _run("causal_conv1d_fn", x, weight, bias, activation=activation, seq_idx=seq_idx)
 
 
 def causal_conv1d_update(

@@ -17,7 +17,7 @@ import torch
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import routes
 from gdn.backends.base import Backend, OpTable
-from gdn.resolve import STRICT_ENV, GdnBackendError, strict
+from gdn.errors import STRICT_ENV, GdnBackendError, strict
 
 NAME = "ascendc"
 

@@ -238,7 +238,6 @@ def causal_conv1d_fn(
     channel_last = _channel_last(x)
     if not channel_last:
         x = x.contiguous()
-    weight = weight.contiguous()
     D, T = x.shape[-2:]
     W = weight.shape[1]
     varlen = query_start_loc is not None
@@ -247,7 +246,7 @@ def causal_conv1d_fn(
     hist = hist_rows = dest = dest_rows = None
     if varlen and conv_states is not None and W > 1:
         dest = conv_states
-        dest_rows = torch.arange(N, device=x.device) if cache_indices is None else cache_indices.contiguous()
+        dest_rows = torch.arange(N, device=x.device) if cache_indices is None else cache_indices
         if has_initial_state is not None:
             hist = conv_states
             hist_rows = torch.where(has_initial_state & (dest_rows >= 0), dest_rows, -1)
@@ -265,7 +264,7 @@ def causal_conv1d_fn(
             out,
             hist,
             hist_rows,
-            seq_idx.contiguous() if seq_idx is not None else None,
+            seq_idx,
             query_start_loc,
             N=N,
             steps=(N - 1).bit_length(),
@@ -446,11 +445,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv
     with device_guard(xs):
         _conv_update_kernel[(B, cdiv(D, STATE_BLOCK_D))](
             xs,
-            weight.contiguous(),
+            weight,
             bias,
             out,
             conv_state,
-            None if conv_state_indices is None else conv_state_indices.contiguous(),
+            conv_state_indices,
             L,
             D,
             *conv_state.stride(),

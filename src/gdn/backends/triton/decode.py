@@ -360,6 +360,6 @@ def fused_recurrent_gated_delta_rule_update(
         use_qk_l2norm_in_kernel,
         ssm_pool,
         ssm_pool,
-        ssm_indices.contiguous(),
+        ssm_indices,
         ssm_pool.stride(),
     )

@@ -83,10 +83,10 @@ def fused_gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_b
         BR = max(1, TILE // BH)
         with device_guard(a2):
             _gating_kernel[(cdiv(rows, BR),)](
-                A_log.contiguous(),
+                A_log,
                 a2,
                 b2,
-                dt_bias.contiguous(),
+                dt_bias,
                 g,
                 beta,
                 rows,
