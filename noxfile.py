@@ -75,8 +75,9 @@ def tests(session: nox.Session) -> None:
 # latest, 3.9 (no block pointers). The kernels run under TRITON_INTERPRET=1 on the CPU.
 TRITON_VERSIONS = ["3.2.0", "3.6.0", "3.9.0"]
 # Besides the kernels' own tests: the grpo family, whose GRPO step trains through the chunk kernels
-# (triton against eager, padded and packed, at tiny sizes), and the fla adapter's.
-KERNEL_TESTS = ["tests/test_grpo.py", "tests/test_fla_backend.py"]
+# (triton against eager, padded and packed, at tiny sizes), the fla adapter's, and the stride and
+# signature tests, whose triton half runs only where triton imports.
+KERNEL_TESTS = ["tests/test_grpo.py", "tests/test_fla_backend.py", "tests/test_strides.py", "tests/test_signatures.py"]
 
 
 @nox.session
