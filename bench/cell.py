@@ -7,9 +7,17 @@ and (4, 4096, 16, 32, 128), bf16, q/k l2norm in the kernel; the state-pool decod
 (fused_recurrent_gated_delta_rule_update, one token per sequence) at B = 64 and 256. A backend that is
 unavailable or rejected for an op gets a row with the resolver's reason instead of a time; once the
 budget (--budget-s, default 180 s) is spent, the rows not yet timed say so: the budget is a hard limit,
-a timer interrupts the call in progress (a peer's first call can autotune or JIT-compile for minutes).
-gdn's own backends are timed first, the peers after them. The first call of each pass is timed on its
-own (first_call_s): it carries compilation and autotuning, a user's cold start.
+a timer interrupts the call in progress.
+
+A peer's first call can autotune or JIT-compile for minutes (fla's Triton path about 2 minutes per
+T bucket, FlashQLA's TileLang kernels about as long), one workload after another. So the bench starts
+with a warm-up: every backend that compiles makes the first calls of each workload (a chunk shape, a
+decode batch) in a process of its own, all at once, filling the on-disk caches (Triton's kernels and
+autotuning results, TileLang's kernels); their time is the row's first_call_s, a user's cold start in a
+fresh process (with the caches this machine already had). The timing that follows, in this one process,
+loads what the warm-up compiled. A workload whose warm-up is not done when the budget leaves only
+TIMING_RESERVE_S is ended, and its rows say so. Autotuning in the warm-up shares the device with the
+other warm-ups, so a peer may pick a slightly different configuration than it would alone.
 
 Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
 with the guard lifted and its rows say that its gradients are not to be trusted there.
@@ -23,8 +31,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,7 +52,17 @@ DECODE = "fused_recurrent_gated_delta_rule_update"
 CHUNK_SHAPES = ((1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128))
 DECODE_BATCHES = (64, 256)
 DECODE_HEADS = (16, 32, 128)  # H, HV, K = V
+# what one warm-up process compiles, and the order in which the timing goes through them
+WORKLOADS: tuple[tuple[str, tuple[int, ...]], ...] = (
+    *(("chunk", shape) for shape in CHUNK_SHAPES),
+    *(("decode", (B,)) for B in DECODE_BATCHES),
+)
 BUDGET_S = 180.0
+# the part of the budget the warm-up leaves to the timing: with the kernels compiled, the timing of every
+# row of four backends takes about 20 s on the H200
+TIMING_RESERVE_S = 40.0
+# the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
+NOTHING_TO_COMPILE = ("eager",)
 # do_bench budgets in ms: enough for a stable median of kernels of 0.05-40 ms, small enough that every
 # backend of every shape fits the cell's three minutes (eager's 35 ms fwd+bwd still gets 3 repeats)
 WARMUP_MS, REP_MS = 25, 100
@@ -91,7 +112,13 @@ def fla_kernel() -> tuple[str | None, bool]:
 
 
 class Cell:
-    def __init__(self, device: str, budget_s: float) -> None:
+    """The bench of one device. With first_calls_only it is a warm-up process: every pass is called once
+    (first_call_s) and each row is appended to rows_out as a JSON line as soon as it is known, so that a
+    warm-up ended at the deadline keeps what it finished."""
+
+    def __init__(
+        self, device: str, budget_s: float, *, first_calls_only: bool = False, rows_out: Path | None = None
+    ) -> None:
         self.device = device
         self.budget_s = budget_s
         self.started = time.monotonic()
@@ -99,6 +126,13 @@ class Cell:
         self.fla_chunk, self.fla_guard_blocks = fla_kernel()
         self.spent = False
         self.measuring = False
+        self.first_calls_only = first_calls_only
+        self.rows_out = rows_out
+        # from the warm-up: the first call of each row, and per (backend, workload) that had a warm-up
+        # process what a row it did not reach says
+        self.first_calls: dict[tuple[str, str, str, str], BenchRow] = {}
+        self.unreached: dict[tuple[str, int], str] = {}
+        self.workload = 0
 
     @contextlib.contextmanager
     def deadline(self) -> Iterator[None]:
@@ -160,6 +194,8 @@ class Cell:
                         if reason is None and name == "fwd+bwd" and op in backends()[backend].forward_only:
                             row.reason = "forward-only kernel: calls that need gradients run eager"
                         if row.reason is None:
+                            self.take_first_call(row)
+                        if row.reason is None:
                             self.time_pass(row, fn, grads)
                 except BudgetSpent:
                     row.ms = row.peak_gib = row.first_call_s = None
@@ -172,6 +208,18 @@ class Cell:
                     row.reason = missing or f"not timed: the bench budget of {self.budget_s:.0f} s was spent"
                 self.rows.append(row)
                 print_row(_printable(row))
+                if self.rows_out is not None:
+                    with self.rows_out.open("a") as handle:
+                        handle.write(json.dumps(row.to_json()) + "\n")
+
+    def take_first_call(self, row: BenchRow) -> None:
+        """The warm-up's first call for the row, or the reason the warm-up gave it none."""
+        if (row.backend, self.workload) in self.unreached:
+            warmed = self.first_calls.get(row.key())
+            if warmed is None:
+                row.reason = self.unreached[row.backend, self.workload]
+            else:
+                row.first_call_s, row.reason = warmed.first_call_s, warmed.reason
 
     def time_pass(self, row: BenchRow, fn: Callable[[], object], grads) -> None:
         with compute_mode_override(row.backend):
@@ -179,7 +227,10 @@ class Cell:
                 started = time.monotonic()
                 fn()
                 getattr(torch, self.device).synchronize()
-                row.first_call_s = round(time.monotonic() - started, 2)
+                if row.first_call_s is None:
+                    row.first_call_s = round(time.monotonic() - started, 2)
+                if self.first_calls_only:
+                    return
                 row.ms = round(median_ms(fn, grad_to_none=grads, warmup=WARMUP_MS, rep=REP_MS), 4)
                 row.peak_gib = round(peak_gib(fn, self.device), 3)
             except Exception as exc:  # a kernel that fails here is a finding, not the end of the bench
@@ -239,25 +290,108 @@ def _printable(row: BenchRow) -> dict:
     return {**row.to_json(), "shape": shape_text(row.shape), "ratio": row.ratio_to_fastest}
 
 
+def run_workload(cell: Cell, backend: str, workload: int) -> None:
+    cell.workload = workload
+    kind, args = WORKLOADS[workload]
+    if kind == "chunk":
+        cell.chunk(backend, *args)
+    else:
+        cell.decode(backend, *args)
+
+
+def warm_up_command(device: str, backend: str, workload: int, rows_out: Path) -> list[str]:
+    return [
+        sys.executable, "-m", "bench.cell", "--device", device, "--first-calls", backend,
+        "--workload", str(workload), "--rows-out", str(rows_out),
+    ]  # fmt: skip
+
+
+def warm_up(cell: Cell, names: list[str], until_s: float) -> None:
+    """The first calls of every (backend, workload), each in a process of its own and all at once, until
+    until_s into the bench; what a process finished lands in cell.first_calls. A process still running
+    then is ended with everything it started (its session), and its rows say how long it had."""
+    jobs: dict[tuple[str, int], subprocess.Popen] = {}
+    ended: set[tuple[str, int]] = set()
+    with tempfile.TemporaryDirectory(prefix="gdn-bench-warm-up-") as scratch:
+        for backend in names:
+            for workload in range(len(WORKLOADS)):
+                rows_out = Path(scratch, f"{backend}-{workload}.jsonl")
+                jobs[backend, workload] = subprocess.Popen(
+                    warm_up_command(cell.device, backend, workload, rows_out), start_new_session=True
+                )
+        for job, process in jobs.items():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=max(until_s - cell.elapsed(), 0.001))
+            if process.poll() is None:
+                ended.add(job)
+                _end_session(process)
+        for (backend, workload), process in jobs.items():
+            rows_out = Path(scratch, f"{backend}-{workload}.jsonl")
+            for line in rows_out.read_text().splitlines() if rows_out.exists() else []:
+                row = BenchRow(**_row_fields(json.loads(line)))
+                cell.first_calls[row.key()] = row
+            if (backend, workload) in ended:
+                cell.unreached[backend, workload] = (
+                    f"not timed: its first calls (compilation, autotuning) were not done after the {until_s:.0f} s"
+                    " the bench's warm-up has"
+                )
+            else:
+                cell.unreached[backend, workload] = (
+                    f"not timed: its warm-up process exited with status {process.returncode}"
+                )
+
+
+def _row_fields(data: dict) -> dict:
+    data["pass_"] = data.pop("pass")
+    return data
+
+
+def _end_session(process: subprocess.Popen) -> None:
+    """SIGTERM the process's session, then SIGKILL what is left after a few seconds (a compiler it started)."""
+    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+            return
+
+
 def run(device: str, budget_s: float) -> BenchFile:
     cell = Cell(device, budget_s)
+    names = timing_order(serving(device))
+    compiling = [n for n in names if n not in NOTHING_TO_COMPILE and backends()[n].why_unavailable(device) is None]
+    print(f"warm-up: the first calls of {', '.join(compiling) or 'no backend'}, each workload in a process of its own")
+    warm_up(cell, compiling, max(budget_s - TIMING_RESERVE_S, 0.0))
+    print(f"warm-up done after {cell.elapsed():.0f} s; timing in this process")
     print_row({c: c for c in COLUMNS})
     with cell.deadline():
-        for backend in timing_order(serving(device)):
-            for shape in CHUNK_SHAPES:
-                cell.chunk(backend, *shape)
-            for B in DECODE_BATCHES:
-                cell.decode(backend, B)
+        for backend in names:
+            for workload in range(len(WORKLOADS)):
+                run_workload(cell, backend, workload)
     cell.rank()
     env = environment("fla-core", "flash-qla", "tilelang", device=device)
     return BenchFile(environment=env, rows=cell.rows, budget_s=budget_s, elapsed_s=round(cell.elapsed(), 1))
+
+
+def first_calls(device: str, backend: str, workload: int, rows_out: Path) -> int:
+    """A warm-up process: the first call of each pass of one workload of one backend."""
+    cell = Cell(device, float("inf"), first_calls_only=True, rows_out=rows_out)
+    run_workload(cell, backend, workload)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop timing new rows after this long")
+    warm = parser.add_argument_group("a warm-up process (the bench starts these itself)")
+    warm.add_argument("--first-calls", metavar="BACKEND", help="make the first calls of one workload of BACKEND")
+    warm.add_argument("--workload", type=int, choices=range(len(WORKLOADS)), default=0)
+    warm.add_argument("--rows-out", type=Path, help="append each row as a JSON line here")
+    warm.add_argument("--device", help="the accelerator the bench found")
     args = parser.parse_args(argv)
+    if args.first_calls:
+        return first_calls(args.device, args.first_calls, args.workload, args.rows_out)
     device = accelerator()
     if device is None:
         print("bench.cell: needs a GPU or an NPU (none is visible); nothing timed")

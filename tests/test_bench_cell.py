@@ -78,3 +78,72 @@ def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
     assert fla_row.reason == cell.backends()["fla"].why_unavailable("cpu")
     assert fla_row.reason.startswith("serves devices")
     assert eager_row.reason == "not timed: the bench budget of 0 s was spent"
+
+
+def _fake_warm_up(backend: str, rows_out, row: dict) -> list[str]:
+    """A warm-up process per backend: triton's writes its row and exits, fla's never finishes, flashqla's
+    exits 3 before writing anything."""
+    import json
+    import sys
+
+    script = {
+        "triton": f"import sys; open(sys.argv[1], 'a').write({json.dumps(json.dumps(row))} + '\\n')",
+        "fla": "import time; time.sleep(60)",
+        "flashqla": "raise SystemExit(3)",
+    }[backend]
+    return [sys.executable, "-c", script, str(rows_out)]
+
+
+def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_its_first_call_times(monkeypatch):
+    """Peers compile for minutes: their first calls run in parallel processes before the timing; a warm-up
+    still running at its deadline is ended (the bench stays within its budget) and its rows say so."""
+    import time
+
+    from bench import cell
+
+    shape = {"B": 1}
+    row = {"op": cell.CHUNK, "backend": "triton", "shape": shape, "pass": "fwd", "first_call_s": 97.5}
+    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "WORKLOADS", (("chunk", (1,)),))
+    monkeypatch.setattr(
+        cell, "warm_up_command", lambda device, backend, workload, rows_out: _fake_warm_up(backend, rows_out, row)
+    )
+    bench = cell.Cell("cpu", budget_s=3.0)
+    started = time.monotonic()
+    cell.warm_up(bench, ["triton", "fla", "flashqla"], until_s=2.0)
+    assert time.monotonic() - started < 15
+    monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
+    monkeypatch.setattr(cell, "median_ms", lambda fn, grad_to_none, warmup, rep: 1.25)
+    monkeypatch.setattr(cell, "peak_gib", lambda fn, device: 0.5)
+    monkeypatch.setattr(cell.torch, "cpu", type("Cpu", (), {"synchronize": staticmethod(lambda: None)}), raising=False)
+    for backend in ("triton", "fla", "flashqla", "eager"):
+        bench.measure(backend, cell.CHUNK, shape, {"fwd": lambda: None}, None)
+    quick, slow, broken, eager = bench.rows
+    assert (quick.ms, quick.first_call_s, quick.reason) == (1.25, 97.5, None)
+    assert slow.ms is None
+    assert slow.reason == (
+        "not timed: its first calls (compilation, autotuning) were not done after the 2 s the bench's warm-up has"
+    )
+    assert (broken.ms, broken.reason) == (None, "not timed: its warm-up process exited with status 3")
+    # a backend without a warm-up process makes its first call in the timing process
+    assert eager.ms == 1.25 and eager.first_call_s is not None and eager.reason is None
+
+
+def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes(tmp_path, monkeypatch):
+    import json
+
+    from bench import cell
+
+    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "median_ms", lambda *a, **k: pytest.fail("a warm-up process does not time"))
+    monkeypatch.setattr(cell.torch, "cpu", type("Cpu", (), {"synchronize": staticmethod(lambda: None)}), raising=False)
+    rows_out = tmp_path / "rows.jsonl"
+    bench = cell.Cell("cpu", float("inf"), first_calls_only=True, rows_out=rows_out)
+    monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
+    bench.measure("triton", cell.CHUNK, {"B": 2}, {"fwd": lambda: None, "fwd+bwd": lambda: None}, None)
+    lines = [json.loads(line) for line in rows_out.read_text().splitlines()]
+    assert [(r["pass"], r["ms"], r["implementation"]) for r in lines] == [
+        ("fwd", None, "triton:route"),
+        ("fwd+bwd", None, "triton:route"),
+    ]
+    assert all(isinstance(r["first_call_s"], float) for r in lines)

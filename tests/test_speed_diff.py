@@ -162,3 +162,29 @@ def test_slowdowns_are_per_pass():
     new = report(cell([{**fwd, "ms": 1.5}, row("triton", 3.0)], "triton"))
     [slow] = diff_mod.diff_reports(old, new).slowdowns
     assert slow.label.endswith("· fwd") and slow.ratio == pytest.approx(0.5)
+
+
+def test_pair_compares_two_differently_named_cells(tmp_path, capsys):
+    """The stack in use against the candidate cell that adds FlashQLA: two cells of one matrix, compared
+    as an upgrade (without --pair they are a cell removed and a cell added, nothing compared)."""
+    old = report({**cell(OLD_BENCH, "triton"), "name": "cuda-triton36"})
+    new = report({**cell(NEW_BENCH, "flash_qla"), "name": "cuda-flashqla"})
+    unpaired = diff_mod.diff_reports(old, new)
+    assert unpaired.kernel_changes == [] and unpaired.cells_removed == ["cuda-triton36"]
+    paired = diff_mod.diff_reports(old, new, pairs=[("cuda-triton36", "cuda-flashqla")])
+    [change] = paired.kernel_changes
+    assert (change.cell, change.old, change.new) == (
+        "cuda-triton36 → cuda-flashqla",
+        "chunk -> triton",
+        "chunk -> flash_qla",
+    )
+    assert paired.regressions == [] and paired.cells_removed == paired.cells_added == []
+    old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
+    write_json(old_path, old)
+    write_json(new_path, new)
+    assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-flashqla"]) == 0
+    assert "| cuda-triton36 → cuda-flashqla | fla | chunk -> triton | chunk -> flash_qla |" in capsys.readouterr().out
+    assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-triton39"]) == 2
+    assert "the new report has no cell 'cuda-triton39'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36"])

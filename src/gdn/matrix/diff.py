@@ -4,7 +4,8 @@ package by package, cells added or removed, unmet expectations, benchmark slowdo
 shape, pass), the fastest backend of each (op, shape, pass), and the kernel each peer itself runs (fla's
 own dispatch). `gdn-matrix diff OLD NEW` prints Markdown and exits non-zero when anything is a
 regression, so it can gate a wheel upgrade in CI (exit 0: no regression, 1: a regression, 2: the input
-is unusable). A lock change is shown, never a regression by itself;
+is unusable). `--pair OLD_CELL=NEW_CELL` compares two differently named cells instead (the stack in use
+against the candidate cell that adds or upgrades a wheel). A lock change is shown, never a regression by itself;
 a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
 """
 
@@ -31,7 +32,8 @@ EXIT_CODES = f"""exit status:
   {EXIT_OK}  no regression (or --no-fail)
   {EXIT_REGRESSION}  at least one regression
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
-     schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold"""
+     schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold, a --pair cell that
+     is not there"""
 # worse is higher; not_run is worst because nothing about the cell is known any more
 STATUS_RANK = {
     "passed": 0,
@@ -45,7 +47,7 @@ STATUS_RANK = {
 
 
 class ReportError(ValueError):
-    """A report file that cannot be read as a report.json."""
+    """A report file that cannot be read as a report.json, or a cell it does not have."""
 
 
 @dataclass
@@ -195,6 +197,21 @@ class ReportDiff:
 
 def _cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {cell["name"]: cell for cell in report["cells"]}
+
+
+def _paired(
+    old: dict[str, Any], new: dict[str, Any], pairs: Sequence[tuple[str, str]]
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The old and new cells of each pair under one name, "old → new"."""
+    old_cells, new_cells = _cells(old), _cells(new)
+    before, after = {}, {}
+    for old_name, new_name in pairs:
+        for side, name, cells in (("old", old_name, old_cells), ("new", new_name, new_cells)):
+            if name not in cells:
+                raise ReportError(f"--pair {old_name}={new_name}: the {side} report has no cell {name!r}")
+        before[f"{old_name} → {new_name}"] = old_cells[old_name]
+        after[f"{old_name} → {new_name}"] = new_cells[new_name]
+    return before, after
 
 
 def _backend_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[BackendChange]:
@@ -392,13 +409,15 @@ def diff_reports(
     slowdown_threshold: float = DEFAULT_THRESHOLD,
     route_changes_regress: bool = False,
     skip_not_run: bool = False,
+    pairs: Sequence[tuple[str, str]] = (),
 ) -> ReportDiff:
     """What changed from old to new. A backend moving to another backend is a regression; a change of
     route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
     route_changes_regress. With skip_not_run, cells the new report did not run (e.g. self-hosted cells
-    skipped for a fork's pull request) are listed as not compared instead of regressing."""
+    skipped for a fork's pull request) are listed as not compared instead of regressing. With pairs,
+    only those (old cell, new cell) pairs are compared, each under the name "old → new"."""
     diff = ReportDiff(threshold=slowdown_threshold)
-    before, after = _cells(old), _cells(new)
+    before, after = _paired(old, new, pairs) if pairs else (_cells(old), _cells(new))
     diff.cells_added = [name for name in after if name not in before]
     diff.cells_removed = [name for name in before if name not in after]
     for name, cell in after.items():
@@ -514,6 +533,13 @@ def _threshold(text: str) -> float:
     return value
 
 
+def _pair(text: str) -> tuple[str, str]:
+    old, sep, new = text.partition("=")
+    if not sep or not old or not new:
+        raise argparse.ArgumentTypeError(f"expected OLD_CELL=NEW_CELL, got {text!r}")
+    return old, new
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("old", type=Path, metavar="OLD", help="the report.json before the change")
     parser.add_argument("new", type=Path, metavar="NEW", help="the report.json after the change")
@@ -533,6 +559,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="do not compare cells the new report did not run (e.g. self-hosted cells skipped for a fork)",
     )
+    parser.add_argument(
+        "--pair",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="OLD_CELL=NEW_CELL",
+        help="compare cell OLD_CELL of OLD with cell NEW_CELL of NEW (repeatable); only the pairs are compared",
+    )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
     parser.add_argument("--output", type=Path, metavar="FILE", help="also write the Markdown to FILE")
 
@@ -550,7 +584,11 @@ def run(args: argparse.Namespace) -> int:
             slowdown_threshold=args.threshold,
             route_changes_regress=args.route_changes_regress,
             skip_not_run=args.skip_not_run,
+            pairs=args.pair,
         )
+    except ReportError as exc:
+        print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     except Exception:
         # exit 1 means a regression and nothing else: a crash is not a verdict on the upgrade
         traceback.print_exc()
