@@ -9,15 +9,18 @@ unavailable or rejected for an op gets a row with the resolver's reason instead 
 budget (--budget-s, default 180 s) is spent, the rows not yet timed say so: the budget is a hard limit,
 a timer interrupts the call in progress.
 
-A peer's first call can autotune or JIT-compile for minutes (fla's Triton path about 2 minutes per
-T bucket, FlashQLA's TileLang kernels about as long), one workload after another. So the bench starts
-with a warm-up: every backend that compiles makes the first calls of each workload (a chunk shape, a
-decode batch) in a process of its own, all at once, filling the on-disk caches (Triton's kernels and
-autotuning results, TileLang's kernels); their time is the row's first_call_s, a user's cold start in a
-fresh process (with the caches this machine already had). The timing that follows, in this one process,
-loads what the warm-up compiled. A workload whose warm-up is not done when the budget leaves only
-TIMING_RESERVE_S is ended, and its rows say so. Autotuning in the warm-up shares the device with the
-other warm-ups, so a peer may pick a slightly different configuration than it would alone.
+A peer's first call can autotune or JIT-compile for minutes (on the H200, fla's Triton path about
+2 minutes per T bucket alone and more beside other compiles, FlashQLA's TileLang kernels about as long),
+one workload after another: that cannot fit in a timing budget of 3 minutes. So the bench starts with a
+warm-up: every backend that compiles makes the first calls of each workload (a chunk shape, a decode
+batch) in a process of its own, all at once, filling the on-disk caches (Triton's kernels and autotuning
+results, TileLang's kernels); their time is the row's first_call_s, a user's cold start in a fresh
+process (with whatever the caches on this machine already held). The warm-up has its own cap
+(--warm-up-s, default 240 s): a workload not done by then is ended and its rows say so. The timing that
+follows, in this one process, loads what the warm-up compiled and has the budget. Autotuning in the
+warm-up shares the device with the other warm-ups, so a peer may pick a slightly different
+configuration than it would alone. A runner that keeps its caches (Triton's ~/.triton/cache, TileLang's
+~/.tilelang/cache) between runs makes the warm-up take seconds.
 
 Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
 with the guard lifted and its rows say that its gradients are not to be trusted there.
@@ -58,9 +61,7 @@ WORKLOADS: tuple[tuple[str, tuple[int, ...]], ...] = (
     *(("decode", (B,)) for B in DECODE_BATCHES),
 )
 BUDGET_S = 180.0
-# the part of the budget the warm-up leaves to the timing: with the kernels compiled, the timing of every
-# row of four backends takes about 20 s on the H200
-TIMING_RESERVE_S = 40.0
+WARM_UP_S = 240.0
 # the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
 NOTHING_TO_COMPILE = ("eager",)
 # do_bench budgets in ms: enough for a stable median of kernels of 0.05-40 ms, small enough that every
@@ -187,18 +188,17 @@ class Cell:
                 row = BenchRow(op, backend, shape, name, note=note)
                 self.measuring = True
                 try:
+                    self.take_first_call(row)
                     if not self.spent and route is None and reason is None:
                         route, reason = self.implementation(backend, op)
                     if not self.spent:
-                        row.implementation, row.reason = route, reason
+                        row.implementation, row.reason = route, reason or row.reason
                         if reason is None and name == "fwd+bwd" and op in backends()[backend].forward_only:
                             row.reason = "forward-only kernel: calls that need gradients run eager"
                         if row.reason is None:
-                            self.take_first_call(row)
-                        if row.reason is None:
                             self.time_pass(row, fn, grads)
                 except BudgetSpent:
-                    row.ms = row.peak_gib = row.first_call_s = None
+                    row.ms = row.peak_gib = None
                 finally:
                     self.measuring = False
                 if self.spent and row.ms is None and row.reason is None:
@@ -356,21 +356,30 @@ def _end_session(process: subprocess.Popen) -> None:
             return
 
 
-def run(device: str, budget_s: float) -> BenchFile:
+def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:
+    started = time.monotonic()
     cell = Cell(device, budget_s)
     names = timing_order(serving(device))
     compiling = [n for n in names if n not in NOTHING_TO_COMPILE and backends()[n].why_unavailable(device) is None]
     print(f"warm-up: the first calls of {', '.join(compiling) or 'no backend'}, each workload in a process of its own")
-    warm_up(cell, compiling, max(budget_s - TIMING_RESERVE_S, 0.0))
-    print(f"warm-up done after {cell.elapsed():.0f} s; timing in this process")
+    warm_up(cell, compiling, warm_up_s)
+    warm_up_elapsed = round(cell.elapsed(), 1)
+    print(f"warm-up done after {warm_up_elapsed:.0f} s; timing in this process within {budget_s:.0f} s")
+    cell.started = time.monotonic()
     print_row({c: c for c in COLUMNS})
     with cell.deadline():
         for backend in names:
             for workload in range(len(WORKLOADS)):
                 run_workload(cell, backend, workload)
     cell.rank()
-    env = environment("fla-core", "flash-qla", "tilelang", device=device)
-    return BenchFile(environment=env, rows=cell.rows, budget_s=budget_s, elapsed_s=round(cell.elapsed(), 1))
+    return BenchFile(
+        environment=environment("fla-core", "flash-qla", "tilelang", device=device),
+        rows=cell.rows,
+        budget_s=budget_s,
+        elapsed_s=round(time.monotonic() - started, 1),
+        warm_up_s=warm_up_s,
+        warm_up_elapsed_s=warm_up_elapsed,
+    )
 
 
 def first_calls(device: str, backend: str, workload: int, rows_out: Path) -> int:
@@ -383,7 +392,10 @@ def first_calls(device: str, backend: str, workload: int, rows_out: Path) -> int
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop timing new rows after this long")
+    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the timing's budget (after the warm-up)")
+    parser.add_argument(
+        "--warm-up-s", type=float, default=WARM_UP_S, help="end the warm-up's first calls after this long"
+    )
     warm = parser.add_argument_group("a warm-up process (the bench starts these itself)")
     warm.add_argument("--first-calls", metavar="BACKEND", help="make the first calls of one workload of BACKEND")
     warm.add_argument("--workload", type=int, choices=range(len(WORKLOADS)), default=0)
@@ -396,11 +408,12 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         print("bench.cell: needs a GPU or an NPU (none is visible); nothing timed")
         return 0
-    bench = run(device, args.budget_s)
+    bench = run(device, args.budget_s, args.warm_up_s)
     payload = bench.to_json()
     print()
     print_table([_printable(r) for r in bench.rows], COLUMNS)
-    print(f"{bench.environment['card']}: {len(bench.rows)} rows in {bench.elapsed_s} s")
+    card, warm = bench.environment["card"], bench.warm_up_elapsed_s
+    print(f"{card}: {len(bench.rows)} rows in {bench.elapsed_s} s, of which {warm} s warm-up")
     if args.matrix_out is not None:
         args.matrix_out.parent.mkdir(parents=True, exist_ok=True)
         args.matrix_out.write_text(json.dumps(payload, indent=2))

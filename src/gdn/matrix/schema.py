@@ -205,6 +205,9 @@ class BenchFile:
     schema: int = BENCH_SCHEMA
     budget_s: float | None = None
     elapsed_s: float | None = None
+    # the warm-up before the timing (the peers' first calls, in parallel): its cap and how long it took
+    warm_up_s: float | None = None
+    warm_up_elapsed_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -212,6 +215,8 @@ class BenchFile:
             "environment": self.environment,
             "budget_s": self.budget_s,
             "elapsed_s": self.elapsed_s,
+            "warm_up_s": self.warm_up_s,
+            "warm_up_elapsed_s": self.warm_up_elapsed_s,
             "rows": [row.to_json() for row in self.rows if isinstance(row, BenchRow)],
         }
 
