@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import os
 import signal
@@ -319,12 +320,18 @@ def warm_up(cell: Cell, names: list[str], until_s: float) -> None:
                 jobs[backend, workload] = subprocess.Popen(
                     warm_up_command(cell.device, backend, workload, rows_out), start_new_session=True
                 )
-        for job, process in jobs.items():
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(timeout=max(until_s - cell.elapsed(), 0.001))
-            if process.poll() is None:
-                ended.add(job)
-                _end_session(process)
+        running = dict(jobs)
+        while running and cell.elapsed() < until_s:
+            for job, process in list(running.items()):
+                if process.poll() is not None:
+                    del running[job]
+                    print(f"warm-up {job[0]} workload {job[1]}: exit {process.returncode} at {cell.elapsed():.0f} s")
+            time.sleep(0.2)
+        for job, process in running.items():
+            # the process prints where it was (faulthandler) on the SIGTERM that ends it
+            print(f"warm-up {job[0]} workload {job[1]}: still running at {until_s:.0f} s, ended")
+            ended.add(job)
+            _end_session(process)
         for (backend, workload), process in jobs.items():
             rows_out = Path(scratch, f"{backend}-{workload}.jsonl")
             for line in rows_out.read_text().splitlines() if rows_out.exists() else []:
@@ -384,6 +391,7 @@ def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:
 
 def first_calls(device: str, backend: str, workload: int, rows_out: Path) -> int:
     """A warm-up process: the first call of each pass of one workload of one backend."""
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)
     cell = Cell(device, float("inf"), first_calls_only=True, rows_out=rows_out)
     run_workload(cell, backend, workload)
     return 0
