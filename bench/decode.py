@@ -7,12 +7,15 @@ in the kernel. Decode is bound by the state traffic, so each row reports the eff
 bandwidth (B * HV * K * V * 4 bytes read + the same written) / median time, next to the copy ceiling
 measured in the same run (a large device-to-device copy).
 
-Rows: `gdn-triton` with the launch heuristic and with each V-slice / warp setting of the sweep (the
-knobs of gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
+Rows: `gdn` is the public call as a serving engine makes it (`gdn.fused_recurrent_gated_delta_rule_update`:
+validation, resolution and launch, back to back, so host time between launches counts) and its
+`of_kernel` column is the kernel-only time over its time; `gdn-triton` is the kernel behind validation,
+with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
+gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
 `fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs.
 
-Usage: PYTHONPATH=src:. python -m bench.decode [--batches 64 256] [--no-sweep]
+Usage: PYTHONPATH=src:. python -m bench.decode [--batches 1 64 256] [--no-sweep]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 
 import torch
 
+import gdn
 from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
 from gdn.ops import PREPARE
@@ -45,6 +49,14 @@ def copy_ceiling_tbs() -> float:
 def ours(inputs, pool, indices):
     call = PREPARE[OP](*inputs, pool, indices, use_qk_l2norm_in_kernel=True)  # validated once, outside timing
     return lambda: decode.fused_recurrent_gated_delta_rule_update(*call.args, **call.kwargs)
+
+
+def public(inputs, pool, indices):
+    def step():
+        with torch.no_grad():
+            return gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
+
+    return step
 
 
 def fla_fns(inputs, pool, indices):
@@ -118,8 +130,12 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     state_bytes = 2 * B * HV * K * V * 4
     decode.OVERRIDES.clear()
     default = decode.launch_config(B, HV, K, V, pool.device)
-    ms = median_ms(ours(inputs, pool, indices))
-    rows = [row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", ms, state_bytes, ceiling)]
+    kernel_ms = median_ms(ours(inputs, pool, indices))
+    public_ms = median_ms(public(inputs, pool, indices))
+    rows = [
+        {**row(B, "gdn", "public call", public_ms, state_bytes, ceiling), "of_kernel": f"{kernel_ms / public_ms:.0%}"},
+        row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", kernel_ms, state_bytes, ceiling),
+    ]
     for BV, warps in SWEEP if sweep else []:
         decode.OVERRIDES.update(BV=BV, num_warps=warps)
         ms = median_ms(ours(inputs, pool, indices))
@@ -134,7 +150,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--no-sweep", action="store_true", help="time only the launch heuristic")
     args = parser.parse_args()
 
@@ -145,7 +161,7 @@ def main() -> None:
         rows += batch_rows
     env = environment("fla-core", "flash-linear-attention")
     print(f"copy ceiling {ceiling:.2f} TB/s; state bandwidth = (state read + written) / median time")
-    print_table(rows, ["B", "impl", "config", "ms", "state_TBps", "of_copy"])
+    print_table(rows, ["B", "impl", "config", "ms", "state_TBps", "of_copy", "of_kernel"])
     for B, check in checks.items():
         print(f"B={B}: rel err vs eager: {check['agreement_vs_eager']}")
     payload = {

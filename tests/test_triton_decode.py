@@ -26,9 +26,12 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
+import gdn
+from gdn import _validate
 from gdn.backends.eager import EAGER
 from gdn.backends.triton import decode
 from gdn.ops import PREPARE
+from gdn.resolve import compute_mode_override
 from reference import rel_err
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -38,8 +41,10 @@ POOL = "fused_recurrent_gated_delta_rule_update"
 
 
 def run(impl, op: str, *args, **kwargs):
-    """Validate like the public op, then call one backend's implementation directly."""
-    call = PREPARE[op](*args, **kwargs)
+    """Validate like the public op (the value checks held back, as the public op does for a kernel that
+    guards the values), then call one backend's implementation directly."""
+    with _validate.deferred_value_checks():
+        call = PREPARE[op](*args, **kwargs)
     return impl(*call.args, **call.kwargs)
 
 
@@ -150,6 +155,108 @@ def test_pool_varlen_multi_token(gen):
     assert rel_err(o, ro) <= 1e-5 and rel_err(pool, eager_pool) <= 1e-5
     assert torch.equal(o[:, 3:4], torch.zeros_like(o[:, 3:4]))
     assert torch.equal(pool[[2, 4, 5]], before[[2, 4, 5]])  # unnamed, and the live slot without tokens
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(
+    ("indices", "refused"),
+    [([4, 7, 0, 2], [1]), ([4, -2, 0, 2], [1]), ([2, -1, 0, 2], [0, 3]), ([6, -1, 3, 0], [])],
+    ids=["past-the-pool", "below-minus-one", "repeated", "valid"],
+)
+def test_pool_slots_out_of_range_or_repeated_give_nan_rows_and_leave_the_pool(indices, refused, gen):
+    """The kernel reads the slots on the device: a bad one never reaches memory out of range and
+    never writes a slot; its sequence's outputs are NaN, every other sequence is served as usual."""
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V)
+    pool = random_pool(gen, slots, HV, K, V)
+    before, eager_pool = pool.clone(), pool.clone()
+    idx = torch.tensor(indices, dtype=torch.int32, device=DEVICE)
+    o = run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, idx)
+    served = [n for n in range(B) if n not in refused]
+    assert o[refused].isnan().all()
+    assert not o[served].isnan().any()
+    # eager, given only the served sequences, computes what the kernel gave them
+    served_idx = idx[served]
+    ro = run(EAGER.ops[POOL], POOL, *(x[served] for x in (q, k, v, g, beta)), eager_pool, served_idx)
+    assert rel_err(o[served], ro) <= 1e-5
+    written = sorted({indices[n] for n in served if indices[n] >= 0})
+    kept = [s for s in range(slots) if s not in written]
+    assert torch.equal(pool[kept], before[kept])
+    assert rel_err(pool[written], eager_pool[written]) <= 1e-5
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(
+    ("bounds", "refused"),
+    [([0, 3, 2, 7], [0, 1, 2]), ([0, 3, 9, 7], [0, 1, 2]), ([0, 3, 5, 7], []), ([1, 3, 5, 6], [])],
+    ids=["decreasing", "past-the-tokens", "valid", "uncovered-tokens"],
+)
+def test_cu_seqlens_out_of_order_give_nan_and_no_state_traffic(bounds, refused, gen):
+    """Offsets read on the device: offsets out of order or past the tokens (sequences would overlap)
+    give every sequence no tokens, NaN outputs and final states, and keep the pool; tokens that no
+    sequence covers are NaN rows."""
+    q, k, v, g, beta = make_inputs(gen, 1, 7, 1, 2, 8, 8)
+    cu = torch.tensor(bounds, device=DEVICE)
+    h0 = random_pool(gen, 3, 2, 8, 8)
+    o, final = run(
+        decode.fused_recurrent_gated_delta_rule, PLAIN, q, k, v, g, beta=beta, initial_state=h0,
+        output_final_state=True, cu_seqlens=cu,
+    )  # fmt: skip
+    served = [n for n in range(3) if n not in refused]
+    assert final[refused].isnan().all() and not final[served].isnan().any()
+    covered = {t for n in served for t in range(bounds[n], bounds[n + 1])}
+    for t in range(7):
+        assert bool(o[0, t].isnan().all()) is (t not in covered), t
+    pool = random_pool(gen, 4, 2, 8, 8)
+    before = pool.clone()
+    idx = torch.tensor([3, 0, 1], device=DEVICE)
+    run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, idx, cu_seqlens=cu)
+    for n in refused:
+        assert torch.equal(pool[idx[n]], before[idx[n]])
+
+
+@pytest.mark.single_op
+def test_the_public_decode_reads_no_values_on_the_host_where_the_kernel_guards_them(gen, monkeypatch):
+    """By default the host checks that read the slots and offsets (a device-to-host sync) run only for
+    a backend whose kernel does not check them; GDN_VALUE_CHECKS=1 runs them everywhere (debugging)."""
+    B, HV, K, V = 3, 2, 8, 8
+    q, k, v, g, beta = make_inputs(gen, B, 1, 1, HV, K, V)
+    pool = random_pool(gen, 4, HV, K, V)
+    repeated = torch.tensor([1, 2, 1], device=DEVICE)
+    host_reads = []
+    for name in ("_slot_values", "_offset_values"):
+        original = getattr(_validate.Checker, name)
+        monkeypatch.setattr(
+            _validate.Checker, name, lambda self, *a, _o=original, _n=name: host_reads.append(_n) or _o(self, *a)
+        )
+    with compute_mode_override("triton"):
+        gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, torch.tensor([0, 2, 3], device=DEVICE))
+        host_reads.clear()  # the resolution's numeric probe validated its own calls
+        o = gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, repeated)
+    assert host_reads == [] and o[[0, 2]].isnan().all() and not o[1].isnan().any()
+    monkeypatch.setenv("GDN_VALUE_CHECKS", "1")
+    with compute_mode_override("triton"), pytest.raises(ValueError, match="distinct live slots"):
+        gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, repeated)
+    monkeypatch.delenv("GDN_VALUE_CHECKS")
+    with compute_mode_override("eager"), pytest.raises(ValueError, match="distinct live slots"):
+        gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, repeated)
+    assert host_reads == ["_slot_values", "_slot_values"]
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a host sync exists only with a CUDA device")
+def test_the_public_decode_does_not_synchronize_the_host(gen):
+    B, HV, K, V = 8, 4, 32, 32
+    q, k, v, g, beta = make_inputs(gen, B, 1, 2, HV, K, V)
+    pool = random_pool(gen, 2 * B, HV, K, V)
+    idx = torch.randperm(2 * B, device=DEVICE)[:B].to(torch.int32)
+    with torch.no_grad():
+        gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, idx)  # resolve, probe, compile
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, idx)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
 
 
 @pytest.mark.single_op

@@ -3,8 +3,11 @@ what was expected and what came, before any backend sees the call."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -38,14 +41,64 @@ def _has_values(t: torch.Tensor) -> bool:
     return t.device.type != "meta"
 
 
-def value_checks_enabled() -> bool:
-    """Checks that read tensor values (cu_seqlens order, pool indices) need a device-to-host copy.
+VALUE_CHECK_MODES = ("auto", "1", "0")
+# the value checks of the op being prepared, held until the backend that serves the call is known
+_pending: ContextVar[list[Callable[[], None]] | None] = ContextVar("gdn_pending_value_checks", default=None)
 
-    They are on by default; `GDN_VALUE_CHECKS=0` turns them off, and they are skipped while a CUDA
-    graph is being captured, where a host copy is illegal."""
-    if os.environ.get("GDN_VALUE_CHECKS", "1") == "0":
-        return False
-    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+def value_check_mode() -> str:
+    """GDN_VALUE_CHECKS: "auto" (default), "1" (always) or "0" (never); anything else is an error."""
+    mode = os.environ.get("GDN_VALUE_CHECKS", "auto")
+    if mode not in VALUE_CHECK_MODES:
+        raise ValueError(f"GDN_VALUE_CHECKS: expected one of {list(VALUE_CHECK_MODES)}, got {mode!r}")
+    return mode
+
+
+@contextlib.contextmanager
+def deferred_value_checks() -> Iterator[list[Callable[[], None]]]:
+    """Collect the checks that read tensor values (cu_seqlens order, pool indices) instead of running
+    them: each needs a device-to-host copy, which stalls the host until the device catches up. The
+    caller runs them with run_value_checks once it knows whether the serving kernel guards the values."""
+    pending: list[Callable[[], None]] = []
+    token = _pending.set(pending)
+    try:
+        yield pending
+    except (ValueError, TypeError):
+        # the call fails anyway: a bad value of an earlier argument (offsets that miscount the
+        # sequences) is the cause to name, as the checks run in argument order
+        _pending.reset(token)
+        token = None
+        run_value_checks(pending, kernel_guards=False)
+        raise
+    finally:
+        if token is not None:
+            _pending.reset(token)
+
+
+def run_value_checks(pending: list[Callable[[], None]], *, kernel_guards: bool) -> None:
+    """Run the collected value checks where they are needed: by default ("auto") only when the serving
+    kernel does not guard the values itself (a kernel that does never touches memory out of range and
+    gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 never.
+    Never while a CUDA graph is being captured, where a host copy is illegal."""
+    mode = value_check_mode()
+    if mode == "0" or (mode == "auto" and kernel_guards) or _capturing():
+        return
+    for check in pending:
+        check()
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def _value_check(check: Callable[[], None]) -> None:
+    """Run check now, or hold it for the op being prepared (deferred_value_checks)."""
+    pending = _pending.get()
+    if pending is None:
+        if value_check_mode() != "0" and not _capturing():
+            check()
+    else:
+        pending.append(check)
 
 
 class Checker:
@@ -146,8 +199,10 @@ class Checker:
         self.index_dtype(name, offsets)
         if offsets.ndim != 1 or offsets.numel() < 2:
             self.fail(name, "a 1-D tensor [N + 1] with N >= 1 sequences", f"shape {_shape(offsets)}")
-        if not value_checks_enabled() or not _has_values(offsets):
-            return
+        if _has_values(offsets):
+            _value_check(lambda: self._offset_values(name, offsets, total, count_name))
+
+    def _offset_values(self, name: str, offsets: torch.Tensor, total: int, count_name: str) -> None:
         values = offsets.tolist()
         if values[0] != 0:
             self.fail(name, "first entry 0", values[0])
@@ -164,8 +219,10 @@ class Checker:
         self.index_dtype(name, indices)
         if indices.ndim != 1 or indices.numel() != rows:
             self.fail(name, f"a 1-D tensor [{rows}] (one slot per sequence)", f"shape {_shape(indices)}")
-        if not value_checks_enabled() or not _has_values(indices):
-            return
+        if _has_values(indices):
+            _value_check(lambda: self._slot_values(name, indices, pool_name, pool_slots))
+
+    def _slot_values(self, name: str, indices: torch.Tensor, pool_name: str, pool_slots: int) -> None:
         seen: dict[int, int] = {}
         for row, slot in enumerate(indices.tolist()):
             if slot == -1:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gdn import _validate as check
-from gdn.resolve import for_call, resolve
+from gdn.resolve import backends, for_call, resolve
 
 
 @dataclass
@@ -69,8 +69,11 @@ def _op(prepare: Callable[..., Call]) -> Callable:
     def run(*args, **kwargs):
         if len(args) > len(positional) and name in PEER_POSITIONAL:
             _refuse_extra_positionals(name, positional)
-        call = prepare(*args, **kwargs)
-        return for_call(resolve(name, call.device), call)(*call.args, **call.kwargs)
+        with check.deferred_value_checks() as value_checks:
+            call = prepare(*args, **kwargs)
+        backend, fn = for_call(resolve(name, call.device), call)
+        check.run_value_checks(value_checks, kernel_guards=name in backends()[backend].guards_values)
+        return fn(*call.args, **call.kwargs)
 
     return run
 

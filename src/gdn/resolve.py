@@ -271,14 +271,14 @@ def _refused(res: Resolution, reason: str) -> Resolution:
     return res.fallback
 
 
-def for_call(res: Resolution, call: Any) -> Callable:
-    """The implementation for one validated call (gdn.ops.Call): the resolved one; the next
-    candidate's when the backend refuses the call; eager when the call needs gradients and the
+def for_call(res: Resolution, call: Any) -> tuple[str, Callable]:
+    """The backend and implementation for one validated call (gdn.ops.Call): the resolved one; the
+    next candidate's when the backend refuses the call; eager when the call needs gradients and the
     backend serves the op forward only (logged once per op, device and backend)."""
     reason = _registry()[res.backend].refusal(res.op, call)
     if reason is not None:
         return for_call(_refused(res, reason), call)
-    route, fn = res.route, res.fn
+    backend, route, fn = res.backend, res.route, res.fn
     if res.forward_only and _needs_grad(call):
         key = (res.op, res.device, res.backend)
         with _lock:
@@ -286,9 +286,9 @@ def for_call(res: Resolution, call: Any) -> Callable:
                 _training_fallbacks.add(key)
                 log.info(f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager")
         eager = _registry()[EAGER]
-        route, fn = eager.route_of(res.op), eager.implementation(res.op)
+        backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
     _last_route.set(route)
-    return fn
+    return backend, fn
 
 
 def last_route() -> str | None:

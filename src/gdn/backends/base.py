@@ -37,6 +37,10 @@ class Backend:
     probe_tolerance: Mapping[str, float] = field(default_factory=dict)
     # ops served for inference only: probed without gradients; a call that needs gradients runs eager
     forward_only: frozenset[str] = frozenset()
+    # ops whose kernels check the index and offset values on the device (a slot out of range or
+    # repeated, offsets out of order): they never touch memory out of range and give those rows NaN, so
+    # the host checks that read those values (a device-to-host sync per call) are skipped for them
+    guards_values: frozenset[str] = frozenset()
     # the numeric probe's input dtype (None: fp32) and (K, V) head dims (None: small defaults), for
     # kernels that take only half precision or only some head sizes
     probe_dtype: Any = None

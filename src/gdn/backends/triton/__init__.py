@@ -41,6 +41,10 @@ FORWARD_ONLY = frozenset(
     }
 )
 
+# The decode kernels check the pool slots and cu_seqlens on the device (decode.py), so a serving step
+# never reads them on the host.
+GUARDS_VALUES = frozenset({"fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"})
+
 
 def _check(device_type: str) -> str | None:
     if is_interpreting():
@@ -90,4 +94,5 @@ def make_backend() -> Backend:
         route=_route,
         probe_tolerance=PROBE_TOLERANCE,
         forward_only=FORWARD_ONLY,
+        guards_values=GUARDS_VALUES,
     )

@@ -17,6 +17,16 @@ changes with it (token offsets are computed in the kernel from constexpr head co
 a new length never compiles a new binary. The pool's strides are passed as they are: they describe
 the pool, not the batch, and a pool may be a strided view into a larger cache.
 
+The kernel checks the values a serving engine hands it, on the device, so that no call reads them on
+the host (a device-to-host copy stalls the host every step): a pool slot out of [-1, slots) or one that
+another row of the call also names gives that sequence NaN outputs and leaves the pool untouched;
+cu_seqlens out of order anywhere or past the tokens (sequences would overlap) give every sequence NaN
+outputs and NaN final states and leave the pool untouched. Rows that no sequence covers stay NaN too
+(the output starts as NaN with cu_seqlens). Nothing is read or
+written out of range whatever the values; the host checks that name the bad entry run on request
+(GDN_VALUE_CHECKS=1). Finding a repeated slot costs each program one pass over the call's slot list
+(N int32, from L2, a thread's worth per step): at B = 256 under 2% of the state traffic.
+
 These kernels have no backward: the triton backend serves both ops forward-only (`refuse_grad`).
 """
 
@@ -33,6 +43,7 @@ from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, pro
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
+NAN = tl.constexpr(float("nan"))  # the outputs and final state of a sequence whose slot or offsets are refused
 # The widest V slice: 64 fp32 columns are two 128-byte lines per state row.
 MAX_BV = 64
 MIN_BV = 8
@@ -41,6 +52,9 @@ MAX_TILE = 8192
 ELEMENTS_PER_THREAD = 64
 # Below this many programs per SM the GPU runs short of loads in flight: narrow the V slices.
 PROGRAMS_PER_SM = 4
+# Slot indices (and offsets) a program's threads read per step of the device-side checks: one each,
+# which keeps the checks from taking registers from the state tile (a wider block spilled at 2 warps)
+THREADS_PER_WARP = 32
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
 OVERRIDES: dict[str, int] = {}
 
@@ -78,7 +92,6 @@ def _token_step(
     beta_ptr,
     o_ptr,
     scale,
-    live,
     i_h,
     i_hv,
     o_k,
@@ -88,7 +101,6 @@ def _token_step(
     K: tl.constexpr,
     V: tl.constexpr,
     L2NORM: tl.constexpr,
-    USE_POOL: tl.constexpr,
 ):
     """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice."""
     mask_k = o_k < K
@@ -108,13 +120,39 @@ def _token_step(
     b_u = b_beta * (b_v - hk)
     h += b_k[:, None] * b_u[None, :]
     b_o = hq + tl.sum(b_q * b_k) * b_u
-    if USE_POOL:
-        b_o = tl.where(live, b_o, 0.0)
     tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(b_o, o_ptr), mask=mask_v)
     return h
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit
+def _repeats(slots_ptr, i_n, slot, N, BLOCK_N: tl.constexpr):
+    """How many other rows of the call name the same slot as row i_n."""
+    count = 0
+    start = 0
+    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+        o_m = start + tl.arange(0, BLOCK_N)
+        others = tl.load(slots_ptr + o_m, mask=o_m < N, other=-1).to(tl.int64)
+        count += tl.sum(((others == slot) & (o_m != i_n)).to(tl.int32))
+        start += BLOCK_N
+    return count
+
+
+@triton.jit
+def _offsets_out_of_order(cu_ptr, N, T, BLOCK_N: tl.constexpr):
+    """How many of 0 <= cu[0] <= cu[1] <= ... <= cu[N] <= T fail (counts, not bools: the Triton 3.2
+    interpreter cannot negate an int1)."""
+    bad = 0
+    start = 0
+    while start < N:
+        o_m = start + tl.arange(0, BLOCK_N)
+        lo = tl.load(cu_ptr + o_m, mask=o_m < N, other=0).to(tl.int64)
+        hi = tl.load(cu_ptr + o_m + 1, mask=o_m < N, other=0).to(tl.int64)
+        bad += tl.sum(((lo > hi) | (lo < 0) | (hi > T)).to(tl.int32))
+        start += BLOCK_N
+    return bad
+
+
+@triton.jit(do_not_specialize=["T", "N", "SLOTS"])
 def _recurrent_kernel(
     q_ptr,
     k_ptr,
@@ -128,6 +166,8 @@ def _recurrent_kernel(
     cu_ptr,
     scale,
     T,
+    N,
+    SLOTS,
     stride_hn,
     stride_hh,
     stride_hk,
@@ -138,6 +178,7 @@ def _recurrent_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     USE_POOL: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
@@ -153,21 +194,32 @@ def _recurrent_kernel(
     if IS_VARLEN:
         bos = tl.load(cu_ptr + i_n).to(tl.int64)
         eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
+        # offsets out of order anywhere or past the tokens: sequences would overlap, so none gets any
+        # tokens (the output stays NaN)
+        out_of_order = _offsets_out_of_order(cu_ptr, N, T, BLOCK_N)
+        bos = tl.where(out_of_order == 0, bos, 0)
+        eos = tl.where(out_of_order == 0, eos, 0)
     else:
         bos = i_n.to(tl.int64) * T
         eos = bos + T
+        out_of_order = i_n * 0
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
     if USE_POOL:
         slot = tl.load(slots_ptr + i_n).to(tl.int64)
-        live = slot >= 0
-        # A padding slot (-1) and a sequence without tokens leave the pool untouched: no state
-        # traffic at all for them.
-        mask_k = mask_k & (as_block(slot, BK) >= 0) & (as_block(eos - bos, BK) > 0)
-        row = tl.maximum(slot, 0)
+        repeats = _repeats(slots_ptr, i_n, slot, N, BLOCK_N)
+        wrong = (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + out_of_order
+        wrong += ((slot >= 0) & (repeats > 0)).to(tl.int32)
+        live = (slot >= 0) & (wrong == 0)
+        fill = tl.where(wrong > 0, NAN, 0.0)
+        # A padding slot (-1), a refused one and a sequence without tokens leave the pool untouched:
+        # no state traffic at all for them.
+        mask_k = mask_k & (as_block(live.to(tl.int64), BK) > 0) & (as_block(eos - bos, BK) > 0)
+        row = tl.where(live, slot, 0)
     else:
-        live = True  # unused: only the pool has padding rows
+        live = True
+        fill = 0.0  # unused: every row of a plain call is served
         row = i_n.to(tl.int64)
     mask_h = mask_k[:, None] & (o_v < V)[None, :]
     state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
@@ -176,57 +228,62 @@ def _recurrent_kernel(
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         h += tl.load(h0_ptr + state_base + p_h, mask=mask_h, other=0.0).to(tl.float32)
-    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+    if live:
+        if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+            t = bos
+            while t < eos:
+                h = _token_step(
+                    h,
+                    t,
+                    q_ptr,
+                    k_ptr,
+                    v_ptr,
+                    g_ptr,
+                    beta_ptr,
+                    o_ptr,
+                    scale,
+                    i_h,
+                    i_hv,
+                    o_k,
+                    o_v,
+                    H,
+                    HV,
+                    K,
+                    V,
+                    L2NORM,
+                )
+                t += 1
+        else:
+            for t in range(bos, eos):
+                h = _token_step(
+                    h,
+                    t,
+                    q_ptr,
+                    k_ptr,
+                    v_ptr,
+                    g_ptr,
+                    beta_ptr,
+                    o_ptr,
+                    scale,
+                    i_h,
+                    i_hv,
+                    o_k,
+                    o_v,
+                    H,
+                    HV,
+                    K,
+                    V,
+                    L2NORM,
+                )
+    else:
+        # a padding or refused pool row: no recurrence, its outputs are fill
         t = bos
         while t < eos:
-            h = _token_step(
-                h,
-                t,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                o_ptr,
-                scale,
-                live,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                H,
-                HV,
-                K,
-                V,
-                L2NORM,
-                USE_POOL,
-            )
+            tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(tl.zeros([BV], tl.float32) + fill, o_ptr), mask=o_v < V)
             t += 1
-    else:
-        for t in range(bos, eos):
-            h = _token_step(
-                h,
-                t,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                o_ptr,
-                scale,
-                live,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                H,
-                HV,
-                K,
-                V,
-                L2NORM,
-                USE_POOL,
-            )
     if STORE_HT:
+        if not USE_POOL:
+            h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, NAN)
         tl.store(ht_ptr + state_base + p_h, h.to(ht_ptr.dtype.element_ty), mask=mask_h)
 
 
@@ -255,10 +312,24 @@ def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> Laun
 
 
 def _launch(
-    q, k, v, g, beta, shapes: GdnShapes, scale: float, cu_seqlens, l2norm: bool, h0, ht, slots, state_strides
+    q,
+    k,
+    v,
+    g,
+    beta,
+    shapes: GdnShapes,
+    scale: float,
+    cu_seqlens,
+    l2norm: bool,
+    h0,
+    ht,
+    slots,
+    state_strides,
+    pool_slots: int = 0,
 ) -> torch.Tensor:
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    o = torch.empty_like(v)
+    # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
+    o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
     cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device)
     grid = (shapes.N, shapes.HV * cdiv(shapes.V, cfg.BV))
     with device_guard(q):
@@ -275,6 +346,8 @@ def _launch(
             cu_seqlens,
             scale,
             shapes.T,
+            shapes.N,
+            0 if slots is None else pool_slots,
             *state_strides,
             H=shapes.H,
             HV=shapes.HV,
@@ -282,6 +355,7 @@ def _launch(
             V=shapes.V,
             BK=cfg.BK,
             BV=cfg.BV,
+            BLOCK_N=THREADS_PER_WARP * cfg.num_warps,
             USE_POOL=slots is not None,
             HAS_H0=h0 is not None,
             STORE_HT=ht is not None,
@@ -346,7 +420,8 @@ def fused_recurrent_gated_delta_rule_update(
 ):
     """The `fused_recurrent_gated_delta_rule_update` op of the triton backend (forward only):
     sequence n reads and writes ssm_pool[ssm_indices[n]] in place; index -1 gives zero outputs and
-    leaves the pool untouched. Returns o [B, T, HV, V] in v's dtype."""
+    leaves the pool untouched; a slot out of range or repeated gives NaN outputs and leaves the pool
+    untouched. Returns o [B, T, HV, V] in v's dtype."""
     refuse_grad("fused_recurrent_gated_delta_rule_update", q=q, k=k, v=v, g=g, beta=beta)
     return _launch(
         q,
@@ -362,4 +437,5 @@ def fused_recurrent_gated_delta_rule_update(
         ssm_pool,
         ssm_indices,
         ssm_pool.stride(),
+        pool_slots=ssm_pool.shape[0],
     )
