@@ -110,6 +110,19 @@ CASES = {
     "451_bwd_dv_local_many_heads_one_token": (dict(T=1, H=15, HV=120), dict(grads=GRADS)),
     # fla_npu #525: recompute_w_u_fwd in fp16 (B = 2, T = 128)
     "525_recompute_w_u_fp16": (dict(B=2, T=128, H=2, HV=4, dtype=torch.float16), dict(grads=GRADS)),
+    # fla_npu #149: on a v26.6.0 A2 build the first training step failed in recompute_w_u_fwd (its
+    # tiling info missing from the installed OPP: "NPU out of memory ... more than 1EB"); any shape
+    # meets it, so a plain training step is the case
+    "149_recompute_w_u_first_training_step": (dict(T=512, H=4, HV=8), dict(grads=GRADS)),
+    # fla_npu #736: chunk_gated_delta_rule_bwd short of precision on some of its generalisation cases;
+    # the coverage its fused backward asked for (fla_npu #531): value heads per key head 1 to 4, tail
+    # chunks, dense and packed, an initial state
+    "736_bwd_three_value_heads_per_key_tail_chunk": (dict(B=2, T=200, H=2, HV=6), dict(grads=GRADS)),
+    "736_bwd_four_value_heads_per_key_varlen_tails": (
+        dict(T=260, H=1, HV=4, N=3),
+        dict(cu=[0, 70, 200, 260], grads=GRADS),
+    ),
+    "736_bwd_one_value_head_per_key_varlen": (dict(T=190, H=4, HV=4, N=2), dict(cu=[0, 129, 190], grads=GRADS)),
     # empty sequences among packed ones, first and last among them
     "empty_sequences": (dict(T=100, H=2, HV=4, N=5), dict(cu=[0, 0, 40, 40, 100, 100], grads=GRADS)),
     "empty_sequences_final_state": (dict(T=100, H=2, HV=4, N=5), dict(cu=[0, 0, 40, 40, 100, 100], final=True)),

@@ -783,3 +783,36 @@ def test_the_npu_backend_raises_strict_errors_without_importing_the_resolver():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert gdn.GdnBackendError is resolver.GdnBackendError  # the public name is the one the resolver raises
+
+
+def test_probe_outside_the_limits_puts_the_refusal_on_record():
+    """A backend that refuses K != 32: the probe's case at K = V = 16 is refused, with the reason on
+    record, and never reaches the kernel."""
+
+    def refuse_small(call):
+        K = call.kwargs["shapes"].K
+        return None if K == 32 else f"takes K = 32 only, got K = {K}"
+
+    seen = []
+
+    def kernel(q, k, v, g, beta, **kwargs):
+        seen.append(kwargs["shapes"].K)
+        return _eager_chunk(q, k, v, g, beta, **kwargs)
+
+    report = numeric_probe.probe_op(OP, kernel, CPU, refusal=refuse_small, outside_limits=(16, 16))
+    assert report.passed is True
+    assert report.refused == {"dense at K=16, V=16": "takes K = 32 only, got K = 16"}
+    assert 16 not in seen and seen
+
+
+def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_it_wrong():
+    """Where the refusal misses a limit, the case reaches the kernel and is compared: a kernel wrong at
+    that shape fails the probe instead of serving it."""
+
+    def wrong_below_32(q, k, v, g, beta, **kwargs):
+        o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+        return (o * 2, state) if kwargs["shapes"].K < 32 else (o, state)
+
+    assert numeric_probe.probe_op(OP, wrong_below_32, CPU).passed is True
+    report = numeric_probe.probe_op(OP, wrong_below_32, CPU, outside_limits=(16, 16))
+    assert report.passed is False and report.reason.startswith("dense at K=16, V=16.out0: rel err")

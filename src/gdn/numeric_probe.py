@@ -224,9 +224,12 @@ def probe_op(
     dtype: torch.dtype | None = None,
     head_dims: tuple[int, int] | None = None,
     refusal: Callable[[Any], str | None] | None = None,
+    outside_limits: tuple[int, int] | None = None,
 ) -> ProbeReport:
     """`refusal` is the backend's per-call refusal for this op: a case it refuses is recorded as
-    refused and not compared; a backend that refuses every case fails."""
+    refused and not compared; a backend that refuses every case fails. `outside_limits` (K, V) adds
+    the first case again at head dims outside the backend's limits: refused there, the refusal is on
+    record (a call of that shape never reaches the kernel); taken, it is compared like any case."""
     from gdn.resolve import backends
 
     eager = backends()["eager"].implementation(op)
@@ -234,7 +237,12 @@ def probe_op(
     seed = int.from_bytes(os.urandom(4), "little")
     report = ProbeReport(passed=True, reason=None, seed=seed, tolerance=tol)
     gen = torch.Generator().manual_seed(seed)
-    for case in _cases(op, gen, *(head_dims or ())):
+    cases = list(_cases(op, gen, *(head_dims or ())))
+    if outside_limits is not None:
+        K, V = outside_limits
+        first = next(_cases(op, gen, K, V))
+        cases.append(Case(f"{first.name} at K={K}, V={V}", first.args, first.grad))
+    for case in cases:
         case = _in_dtype(case, dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
@@ -242,33 +250,38 @@ def probe_op(
         if why is not None:
             report.refused[case.name] = why
             continue
-        ref = _collect(op, eager, case, device)
-        try:
-            got = _collect(op, fn, case, device)
-        except Exception as exc:
-            report.passed, report.reason = False, f"{case.name}: raised {describe_error(exc)}"
+        failure = _compare(report, op, eager, fn, case, device)
+        if failure is not None:
+            report.passed, report.reason = False, failure
             return report
-        for name, expected in ref.items():
-            label = f"{case.name}.{name}"
-            actual = got.get(name)
-            if actual is None or actual.shape != expected.shape:
-                report.passed = False
-                report.reason = f"{label}: expected shape {list(expected.shape)}, got " + (
-                    "nothing" if actual is None else str(list(actual.shape))
-                )
-                return report
-            if not torch.isfinite(actual).all():
-                report.passed, report.reason = False, f"{label}: contains NaN or Inf"
-                return report
-            if expected.abs().amax().item() > 0 and actual.abs().amax().item() == 0:
-                report.passed, report.reason = False, f"{label}: all zeros where eager is not"
-                return report
-            err = _rel_err(actual, expected)
-            report.errors[label] = err
-            if err > tol:
-                report.passed, report.reason = False, f"{label}: rel err {err:.3g} > {tol:.3g}"
-                return report
     if not report.errors:
         report.passed = False
         report.reason = "every case refused: " + "; ".join(f"{n}: {r}" for n, r in report.refused.items())
     return report
+
+
+def _compare(
+    report: ProbeReport, op: str, eager: Callable, fn: Callable, case: Case, device: torch.device
+) -> str | None:
+    """Run one case through fn and eager; record each output's error; the first failure, or None."""
+    ref = _collect(op, eager, case, device)
+    try:
+        got = _collect(op, fn, case, device)
+    except Exception as exc:
+        return f"{case.name}: raised {describe_error(exc)}"
+    for name, expected in ref.items():
+        label = f"{case.name}.{name}"
+        actual = got.get(name)
+        if actual is None or actual.shape != expected.shape:
+            return f"{label}: expected shape {list(expected.shape)}, got " + (
+                "nothing" if actual is None else str(list(actual.shape))
+            )
+        if not torch.isfinite(actual).all():
+            return f"{label}: contains NaN or Inf"
+        if expected.abs().amax().item() > 0 and actual.abs().amax().item() == 0:
+            return f"{label}: all zeros where eager is not"
+        err = _rel_err(actual, expected)
+        report.errors[label] = err
+        if err > report.tolerance:
+            return f"{label}: rel err {err:.3g} > {report.tolerance:.3g}"
+    return None

@@ -198,6 +198,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend])
                 dtype=backend.probe_dtype,
                 head_dims=backend.probe_head_dims,
                 refusal=functools.partial(backend.refusal, op),
+                outside_limits=backend.probe_outside_limits,
             )
             probe = report.record()
             if not report.passed:

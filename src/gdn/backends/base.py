@@ -45,6 +45,9 @@ class Backend:
     # kernels that take only half precision or only some head sizes
     probe_dtype: Any = None
     probe_head_dims: tuple[int, int] | None = None
+    # (K, V) outside the limits the backend refuses: its probe also tries a case there, which must be
+    # refused (on record) or else computed right
+    probe_outside_limits: tuple[int, int] | None = None
     _load_error: str | None = field(default=None, init=False, repr=False)
 
     def _table(self) -> OpTable | None:

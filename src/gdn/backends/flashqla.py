@@ -105,4 +105,5 @@ def make_backend() -> Backend:
         probe_tolerance=PROBE_TOLERANCE,
         probe_dtype=torch.bfloat16,
         probe_head_dims=(HEAD_DIM, HEAD_DIM),
+        probe_outside_limits=(HEAD_DIM // 2, HEAD_DIM // 2),
     )

@@ -52,6 +52,9 @@ class AscendcBackend(Backend):
 
     probe_dtype: torch.dtype = torch.bfloat16
     probe_head_dims: tuple[int, int] = (128, 128)
+    # the decomposed chain wants K = 128 (and the recurrent op K = V = 128 on later builds): a probe
+    # case at 64 shows each op's refusal on record, or that its kernel takes that shape
+    probe_outside_limits: tuple[int, int] = (64, 64)
 
     def why_op_unavailable(self, op: str) -> str | None:
         entry = routes.plan().ops.get(op)
