@@ -13,7 +13,9 @@ validation, resolution and launch, back to back, so host time between launches c
 with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
 gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
-`fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs.
+`fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs. The
+`bf16 state pool` row is the kernel on a bf16 pool (fp32 arithmetic, the state rounded into the pool):
+its bandwidth counts the bf16 bytes it moves, its time is what serving with such a pool gains.
 
 Usage: PYTHONPATH=src:. python -m bench.decode [--batches 1 64 256] [--no-sweep]
 """
@@ -141,6 +143,9 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
         ms = median_ms(ours(inputs, pool, indices))
         rows.append(row(B, "gdn-triton", f"BV={BV} w={warps}", ms, state_bytes, ceiling))
     decode.OVERRIDES.clear()
+    half = pool.to(torch.bfloat16)
+    ms = median_ms(ours(inputs, half, indices))
+    rows.append(row(B, "gdn-triton", "bf16 state pool (half the traffic)", ms, state_bytes // 2, ceiling))
     fns = fla_fns(inputs, pool, indices)
     if fns is not None:
         rows.append(row(B, "fla", "kernel, states gathered beforehand", median_ms(fns[0]), state_bytes, ceiling))

@@ -143,6 +143,26 @@ def test_pool_matches_eager_and_padding_leaves_rows_bit_identical(dtype, gen):
 
 
 @pytest.mark.single_op
+@pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_pools_round_the_fp32_recurrence_into_the_pool(pool_dtype, gen):
+    """A bf16 / fp16 pool: the state is read from the pool's dtype, the step runs in fp32 and the new
+    state is rounded into the pool (half the state traffic of an fp32 pool), as eager does."""
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V, torch.bfloat16)
+    pool = random_pool(gen, slots, HV, K, V).to(pool_dtype)
+    before, eager_pool = pool.clone(), pool.clone()
+    indices = torch.tensor([4, -1, 0, 2], dtype=torch.int32, device=DEVICE)
+    o = run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, pool, indices)
+    ro = run(EAGER.ops[POOL], POOL, q, k, v, g, beta, eager_pool, indices)
+    assert pool.dtype == pool_dtype
+    assert rel_err(o, ro) <= TOL[torch.bfloat16]
+    # both round the same fp32 state into the pool's dtype: they differ by at most an ulp here and there
+    assert rel_err(pool.float(), eager_pool.float()) <= 4e-3
+    assert not torch.equal(pool[[4, 0, 2]], before[[4, 0, 2]])
+    assert torch.equal(pool[[1, 3, 5, 6]], before[[1, 3, 5, 6]])
+
+
+@pytest.mark.single_op
 def test_pool_varlen_multi_token(gen):
     bounds = [0, 3, 3, 4, 6, 7]  # a live sequence with no tokens, a padded one, several tokens each
     q, k, v, g, beta = make_inputs(gen, 1, 7, 1, 2, 8, 8)

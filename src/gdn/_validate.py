@@ -316,7 +316,7 @@ def check_pool_decode_inputs(
     slots = ssm_pool.shape[0]
     c.positive("ssm_pool", slots, "max_slots")
     c.shape("ssm_pool", ssm_pool, [slots, shapes.HV, shapes.K, shapes.V], "[max_slots, HV, K, V]")
-    c.float_dtype("ssm_pool", ssm_pool, (torch.float32,))
+    c.float_dtype("ssm_pool", ssm_pool)
     c.slot_indices("ssm_indices", ssm_indices, shapes.N, "ssm_pool", slots)
     return shapes, scale
 

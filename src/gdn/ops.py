@@ -213,8 +213,10 @@ def fused_recurrent_gated_delta_rule_update(
     q, k, v, g, beta, ssm_pool, ssm_indices, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False
 ):
     """Decode against a state pool: sequence n reads and writes ssm_pool[ssm_indices[n]] in place
-    (ssm_pool [max_slots, HV, K, V] fp32). Index -1 skips the sequence: its output is zero and the pool
-    is untouched. Returns o [B, T, HV, V]."""
+    (ssm_pool [max_slots, HV, K, V] in fp32, bf16 or fp16: the recurrence runs in fp32 and the state
+    is rounded to the pool's dtype when written back, so a half-precision pool halves the state
+    traffic). Index -1 skips the sequence: its output is zero and the pool is untouched. Returns
+    o [B, T, HV, V]."""
     shapes, scale = check.check_pool_decode_inputs(
         "fused_recurrent_gated_delta_rule_update",
         q,
