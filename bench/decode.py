@@ -29,7 +29,7 @@ import torch
 import gdn
 from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 H, HV, K, V = 16, 32, 128, 128
 SWEEP = [(16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8)]  # (BV, num_warps)

@@ -17,7 +17,7 @@ from gdn.backends.ascendc.chunk import ChunkKernels, make_chunk_gated_delta_rule
 from gdn.backends.ascendc.contracts import ContractError
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 from standins import kernels_conv
 from standins.support import Counted, compare_with_eager, legacy, stable
 

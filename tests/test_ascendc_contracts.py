@@ -18,7 +18,7 @@ from gdn.backends.ascendc.chunk import BWD_DHU, ChunkKernels, make_chunk_gated_d
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, LEGACY, RECURRENT, STABLE, RawOps
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 from standins import legacy as legacy_ext
 from standins.support import compare_with_eager, legacy, stable, stable_ops
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import gdn
+import gdn.calls
 import gdn.resolve as resolver
 from gdn.backends.ascendc import backend as ascendc_backend
 from gdn.backends.ascendc import device as npu_device
@@ -244,7 +245,7 @@ def test_a_shape_outside_the_limits_is_served_by_the_next_backend_with_the_reaso
     [refused] = record["refusals"]
     assert "npu_chunk_gated_delta_rule_bwd_dhu: K = 64 is outside its limits [128]" in refused["reason"]
     assert (refused["count"], refused["served_by"]) == (2, "eager")
-    call = gdn.ops.PREPARE[CHUNK](**chunk_args(64, 128))
+    call = gdn.calls.PREPARE[CHUNK](**chunk_args(64, 128))
     expected, _ = reference(*call.args, **call.kwargs)
     torch.testing.assert_close(out, expected)
     # a shape inside the limits is the route's own
@@ -285,7 +286,7 @@ def recurrent_args(K: int, V: int) -> dict:
 def test_conv_and_recurrent_calls_outside_the_op_limits_are_served_by_eager(backend_with, op, args, reason):
     backend_with(fla_npu())
     out = getattr(gdn, op)(**args)
-    call = gdn.ops.PREPARE[op](**args)
+    call = gdn.calls.PREPARE[op](**args)
     expected = resolver.backends()["eager"].implementation(op)(*call.args, **call.kwargs)
     torch.testing.assert_close(out, expected)
     [record] = [r for r in gdn.resolutions() if r["op"] == op]

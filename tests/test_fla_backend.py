@@ -24,7 +24,7 @@ import gdn
 import gdn.backends.fla as fla_backend
 import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 pytestmark = pytest.mark.probe
 
@@ -57,7 +57,7 @@ STANDIN = {
 
         from fla.ops.common import chunk_o
         from gdn.backends.eager import EAGER
-        from gdn.ops import PREPARE
+        from gdn.calls import PREPARE
 
         CALLS = []
 

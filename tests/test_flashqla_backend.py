@@ -21,7 +21,7 @@ import gdn
 import gdn.backends.flashqla as flashqla_backend
 import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 pytestmark = pytest.mark.probe
 

@@ -16,7 +16,7 @@ import gdn.numeric_probe as numeric_probe
 import gdn.resolve as resolver
 from gdn.backends.base import Backend
 from gdn.backends.eager import EAGER
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 pytestmark = pytest.mark.single_op
 

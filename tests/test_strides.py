@@ -3,7 +3,7 @@ of the same values: sliced with a step, transposed in memory, or (for small broa
 expanded from a stride-0 view. Tensors an op updates in place (the state pools) are compared after
 the call too.
 
-Each call is validated like the public op (gdn.ops.PREPARE), then handed to one backend's
+Each call is validated like the public op (gdn.calls.PREPARE), then handed to one backend's
 implementation. Without a CUDA device the triton kernels run under the Triton interpreter.
 """
 
@@ -19,7 +19,7 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 from gdn.resolve import backends
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

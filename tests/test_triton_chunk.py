@@ -22,7 +22,7 @@ from gdn.backends.triton import chunk as triton_chunk  # noqa: E402 - after TRIT
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
-from gdn.ops import PREPARE  # noqa: E402
+from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -173,7 +173,7 @@ def test_forward_only_refuses_inputs_that_need_gradients(gen):
 
 CONV_SCENARIO = """
 from gdn.backends.triton import conv
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 def launches(op, *args, **kwargs):
     prepared = PREPARE[op](*args, **kwargs)

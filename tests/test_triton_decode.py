@@ -30,7 +30,7 @@ import gdn
 from gdn import _validate
 from gdn.backends.eager import EAGER
 from gdn.backends.triton import decode
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 from gdn.resolve import compute_mode_override
 from reference import rel_err
 
@@ -462,7 +462,7 @@ def run_on_hopper_compiler(scenario: str) -> dict:
 
 DECODE_SCENARIO = """
 from gdn.backends.triton import decode
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 def call(op, B, T, K=128, V=128, cu=None, **kwargs):
     q = torch.randn(B, T, 16, K, dtype=torch.bfloat16)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from gdn.backends.base import describe_error
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 DEFAULT_TOLERANCE = 5e-3
 
@@ -225,14 +225,17 @@ def probe_op(
     head_dims: tuple[int, int] | None = None,
     refusal: Callable[[Any], str | None] | None = None,
     outside_limits: tuple[int, int] | None = None,
+    eager: Callable | None = None,
 ) -> ProbeReport:
     """`refusal` is the backend's per-call refusal for this op: a case it refuses is recorded as
     refused and not compared; a backend that refuses every case fails. `outside_limits` (K, V) adds
     the first case again at head dims outside the backend's limits: refused there, the refusal is on
-    record (a call of that shape never reaches the kernel); taken, it is compared like any case."""
-    from gdn.resolve import backends
+    record (a call of that shape never reaches the kernel); taken, it is compared like any case.
+    `eager` is the reference implementation (default: the eager backend's)."""
+    if eager is None:
+        from gdn.backends.eager import EAGER
 
-    eager = backends()["eager"].implementation(op)
+        eager = EAGER.ops[op]
     tol = DEFAULT_TOLERANCE if tolerance is None else tolerance
     seed = int.from_bytes(os.urandom(4), "little")
     report = ProbeReport(passed=True, reason=None, seed=seed, tolerance=tol)

@@ -1,74 +1,24 @@
-"""The GDN op contract. Each op validates its inputs, then runs the backend that `gdn.resolve`
-chose for (op, device). Layout follows flash-linear-attention: q, k [B, T, H, K]; v [B, T, HV, V]
-with HV a multiple of H; g (log-space decay) and beta [B, T, HV]; states [N, HV, K, V] in fp32."""
+"""The GDN ops as users call them. Each validates its inputs (gdn.calls), then runs the backend that
+`gdn.resolve` chose for (op, device); the checks that read tensor values on the host run only where the
+serving kernel does not guard those values itself (gdn._validate.run_value_checks)."""
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
 
 from gdn import _validate as check
+from gdn import calls
 from gdn.resolve import backends, for_call, resolve
 
 
-@dataclass
-class Call:
-    """A validated call, in the form every backend implementation takes."""
-
-    device: torch.device
-    args: tuple
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-PREPARE: dict[str, Callable[..., Call]] = {}
-
-
-def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
-    """The small tensors (offsets, slot indices, flags, bias, conv weight, gate parameters) are read by
-    the kernels as dense buffers without strides; one copy here serves every backend. The large
-    operands and the state pools keep their strides: the kernels take those, and a pool is written in
-    place."""
-    return None if t is None else t.contiguous()
-
-
-# The libraries gdn is a drop-in for, and what they bind at the first position gdn does not share
-# with them. gdn takes every later argument by keyword only, so a call written for the peer never
-# binds a value to a different parameter: an extra positional argument is refused by that name.
-PEER_POSITIONAL: dict[str, tuple[str, str]] = {
-    "chunk_gated_delta_rule": ("fla", "use_qk_l2norm_in_kernel"),
-    "fused_recurrent_gated_delta_rule": ("fla", "gk"),
-    "causal_conv1d_fn": ("causal-conv1d", "seq_idx"),
-    "causal_conv1d_update": ("causal-conv1d", "cache_seqlens"),
-}
-
-
-def _positional_names(prepare: Callable) -> list[str]:
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [p.name for p in inspect.signature(prepare).parameters.values() if p.kind in kinds]
-
-
-def _refuse_extra_positionals(op: str, positional: list[str]) -> None:
-    peer, name = PEER_POSITIONAL[op]
-    raise TypeError(
-        f"{op}: argument {len(positional) + 1} ('{name}' in {peer}) must be passed by keyword: gdn takes "
-        f"only {', '.join(positional)} by position"
-    )
-
-
-def _op(prepare: Callable[..., Call]) -> Callable:
+def _public(prepare: Callable[..., calls.Call]) -> Callable:
     name = prepare.__name__
-    PREPARE[name] = prepare
-    positional = _positional_names(prepare)
+    positional = calls.positional_names(prepare)
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
-        if len(args) > len(positional) and name in PEER_POSITIONAL:
-            _refuse_extra_positionals(name, positional)
+        calls.refuse_extra_positionals(name, len(args), positional)
         with check.deferred_value_checks() as value_checks:
             call = prepare(*args, **kwargs)
         backend, fn = for_call(resolve(name, call.device), call)
@@ -78,262 +28,10 @@ def _op(prepare: Callable[..., Call]) -> Callable:
     return run
 
 
-def _refuse_fla_features(
-    op: str, use_beta_sigmoid_in_kernel: object, allow_neg_eigval: object, state_v_first: object
-) -> check.Checker:
-    c = check.Checker(op)
-    c.unsupported("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel, False, "beta = sigmoid(beta) in the kernel")
-    c.unsupported("allow_neg_eigval", allow_neg_eigval, False, "beta scaled to (0, 2)")
-    c.unsupported("state_v_first", state_v_first, False, "the [N, HV, V, K] state layout")
-    return c
-
-
-def _gdn_call(
-    op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
-) -> Call:
-    """The shared contract of the chunk and recurrent ops, validated."""
-    shapes, scale = check.check_gdn_inputs(
-        op, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
-    )
-    check.Checker(op).flag("output_final_state", output_final_state)
-    kwargs = dict(
-        shapes=shapes,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=_dense(cu_seqlens),
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
-    return Call(q.device, (q, k, v, g, beta), kwargs)
-
-
-@_op
-def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    *,
-    cu_seqlens: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    head_first: bool = False,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    state_v_first: bool = False,
-    cu_seqlens_cpu: torch.Tensor | None = None,
-    chunk_indices: torch.Tensor | None = None,
-    cp_context: object = None,
-):
-    """Chunked gated delta rule (training and prefill). Returns (o [B, T, HV, V], final_state | None).
-
-    scale defaults to K**-0.5; with cu_seqlens [N + 1] the N sequences are packed along T (B = 1);
-    initial_state and the final state are [N, HV, K, V] fp32; differentiable in q, k, v, g, beta and
-    initial_state. The positions are fla's up to output_final_state; the rest are keyword-only. fla's
-    arguments for features gdn lacks are refused (TypeError) unless they hold their defaults."""
-    c = _refuse_fla_features("chunk_gated_delta_rule", use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
-    c.unsupported("cu_seqlens_cpu", cu_seqlens_cpu, None, "a host copy of cu_seqlens; pass cu_seqlens only")
-    c.unsupported("chunk_indices", chunk_indices, None, "precomputed chunk indices; they follow from cu_seqlens")
-    c.unsupported("cp_context", cp_context, None, "context parallelism")
-    return _gdn_call(
-        "chunk_gated_delta_rule",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
-        head_first,
-    )
-
-
-@_op
-def fused_recurrent_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    *,
-    beta: torch.Tensor,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    head_first: bool = False,
-    gk: torch.Tensor | None = None,
-    gv: torch.Tensor | None = None,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    use_beta_sigmoid_in_kernel: bool = False,
-    allow_neg_eigval: bool = False,
-    state_v_first: bool = False,
-):
-    """The same contract as chunk_gated_delta_rule, computed token by token (decode). fla puts gk and
-    gv at positions 5-6, so beta and everything after g are keyword-only; fla's arguments for features
-    gdn lacks are refused (TypeError) unless they hold their defaults."""
-    op = "fused_recurrent_gated_delta_rule"
-    c = _refuse_fla_features(op, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
-    c.unsupported("gk", gk, None, "a per-key gate")
-    c.unsupported("gv", gv, None, "a per-value gate")
-    c.unsupported(
-        "use_gate_in_kernel",
-        use_gate_in_kernel,
-        False,
-        "the gate computed in the kernel (gdn.fused_gdn_gating computes g)",
-    )
-    c.unsupported("A_log", A_log, None, "the gate computed in the kernel (gdn.fused_gdn_gating takes A_log)")
-    c.unsupported("dt_bias", dt_bias, None, "the gate computed in the kernel (gdn.fused_gdn_gating takes dt_bias)")
-    return _gdn_call(
-        op,
-        q,
-        k,
-        v,
-        g,
-        beta,
-        scale,
-        initial_state,
-        output_final_state,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
-        head_first,
-    )
-
-
-@_op
-def fused_recurrent_gated_delta_rule_update(
-    q, k, v, g, beta, ssm_pool, ssm_indices, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False
-):
-    """Decode against a state pool: sequence n reads and writes ssm_pool[ssm_indices[n]] in place
-    (ssm_pool [max_slots, HV, K, V] in fp32, bf16 or fp16: the recurrence runs in fp32 and the state
-    is rounded to the pool's dtype when written back, so a half-precision pool halves the state
-    traffic). Index -1 skips the sequence: its output is zero and the pool is untouched. Returns
-    o [B, T, HV, V]."""
-    shapes, scale = check.check_pool_decode_inputs(
-        "fused_recurrent_gated_delta_rule_update",
-        q,
-        k,
-        v,
-        g,
-        beta,
-        ssm_pool,
-        ssm_indices,
-        scale,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
-    )
-    return Call(
-        q.device,
-        (q, k, v, g, beta),
-        dict(
-            shapes=shapes,
-            scale=scale,
-            ssm_pool=ssm_pool,
-            ssm_indices=_dense(ssm_indices),
-            cu_seqlens=_dense(cu_seqlens),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        ),
-    )
-
-
-@_op
-def causal_conv1d_fn(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    *,
-    activation: str | None = None,
-    seq_idx: torch.Tensor | None = None,
-    initial_states: torch.Tensor | None = None,
-    return_final_states: bool = False,
-    final_states_out: torch.Tensor | None = None,
-    query_start_loc: torch.Tensor | None = None,
-    conv_states: torch.Tensor | None = None,
-    cache_indices: torch.Tensor | None = None,
-    has_initial_state: torch.Tensor | None = None,
-):
-    """Depthwise causal conv1d for prefill (call-compatible with causal-conv1d and transformers).
-
-    Dense: x [B, D, T], weight [D, W]; optional seq_idx [B, T] (packed sequences never mix) and
-    initial_states [B, D, W - 1]; returns out [B, D, T], or (out, final_states) with
-    return_final_states. Varlen: x [D, total_T] with query_start_loc [N + 1]; conv_states
-    [slots, D, W - 1] is a pool read where has_initial_state [N] is set and written with each sequence's
-    last W - 1 inputs at cache_indices [N] (default 0..N-1; -1 skips). Only x, weight and bias are
-    positional: causal-conv1d's releases put seq_idx or activation at position 4."""
-    check.Checker("causal_conv1d_fn").unsupported(
-        "final_states_out", final_states_out, None, "a preallocated final-state output"
-    )
-    check.check_conv_fn_inputs(
-        x,
-        weight,
-        bias,
-        activation,
-        seq_idx,
-        initial_states,
-        return_final_states,
-        query_start_loc,
-        conv_states,
-        cache_indices,
-        has_initial_state,
-    )
-    return Call(
-        x.device,
-        (x, _dense(weight), _dense(bias), activation),
-        dict(
-            seq_idx=_dense(seq_idx),
-            initial_states=initial_states,
-            return_final_states=return_final_states,
-            query_start_loc=_dense(query_start_loc),
-            conv_states=conv_states,
-            cache_indices=_dense(cache_indices),
-            has_initial_state=_dense(has_initial_state),
-        ),
-    )
-
-
-@_op
-def causal_conv1d_update(
-    x: torch.Tensor,
-    conv_state: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    *,
-    conv_state_indices: torch.Tensor | None = None,
-    cache_seqlens: torch.Tensor | None = None,
-):
-    """Decode step: x [B, D] or [B, D, L] new tokens; conv_state [slots, D, state_len >= W - 1] is
-    updated in place (rows picked by conv_state_indices [B], -1 skips a row). causal-conv1d's
-    position 6 is cache_seqlens (a circular state buffer, which gdn lacks and refuses), so
-    conv_state_indices is keyword-only."""
-    check.Checker("causal_conv1d_update").unsupported(
-        "cache_seqlens", cache_seqlens, None, "a circular conv-state buffer"
-    )
-    check.check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices)
-    return Call(
-        x.device,
-        (x, conv_state, _dense(weight), _dense(bias), activation),
-        dict(conv_state_indices=_dense(conv_state_indices)),
-    )
-
-
-@_op
-def l2norm(x, eps=1e-6):
-    """x / sqrt(sum(x^2, -1) + eps), computed in fp32, returned in x's dtype."""
-    check.check_l2norm_inputs(x, eps)
-    return Call(x.device, (x,), dict(eps=float(eps)))
-
-
-@_op
-def fused_gdn_gating(A_log, a, b, dt_bias):
-    """g = -exp(A_log) * softplus(a + dt_bias) (fp32) and beta = sigmoid(b) (b's dtype)."""
-    check.check_gating_inputs(A_log, a, b, dt_bias)
-    return Call(a.device, (_dense(A_log), a, b, _dense(dt_bias)))
+chunk_gated_delta_rule = _public(calls.chunk_gated_delta_rule)
+fused_recurrent_gated_delta_rule = _public(calls.fused_recurrent_gated_delta_rule)
+fused_recurrent_gated_delta_rule_update = _public(calls.fused_recurrent_gated_delta_rule_update)
+causal_conv1d_fn = _public(calls.causal_conv1d_fn)
+causal_conv1d_update = _public(calls.causal_conv1d_update)
+l2norm = _public(calls.l2norm)
+fused_gdn_gating = _public(calls.fused_gdn_gating)

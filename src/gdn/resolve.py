@@ -199,6 +199,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend])
                 head_dims=backend.probe_head_dims,
                 refusal=functools.partial(backend.refusal, op),
                 outside_limits=backend.probe_outside_limits,
+                eager=_registry()[EAGER].implementation(op),
             )
             probe = report.record()
             if not report.passed:
@@ -273,7 +274,7 @@ def _refused(res: Resolution, reason: str) -> Resolution:
 
 
 def for_call(res: Resolution, call: Any) -> tuple[str, Callable]:
-    """The backend and implementation for one validated call (gdn.ops.Call): the resolved one; the
+    """The backend and implementation for one validated call (gdn.calls.Call): the resolved one; the
     next candidate's when the backend refuses the call; eager when the call needs gradients and the
     backend serves the op forward only (logged once per op, device and backend)."""
     reason = _registry()[res.backend].refusal(res.op, call)

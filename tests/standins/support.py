@@ -13,7 +13,7 @@ from gdn.backends.ascendc import surface
 from gdn.backends.ascendc.contracts import CONTRACTS
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, CONV_FN, LEGACY, STABLE, RawOps
 from gdn.backends.eager import EAGER
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 from reference import rel_err
 from standins import kernels_chunk, kernels_conv, kernels_recurrent
 from standins import legacy as legacy_ext

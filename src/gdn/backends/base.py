@@ -78,7 +78,7 @@ class Backend:
         return None
 
     def refusal(self, op: str, call: Any) -> str | None:
-        """Why this backend cannot take one validated call (gdn.ops.Call) of an op it serves: the
+        """Why this backend cannot take one validated call (gdn.calls.Call) of an op it serves: the
         resolver hands such a call to the next candidate. None: it takes the call."""
         return None
 

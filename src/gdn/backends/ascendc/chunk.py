@@ -208,7 +208,7 @@ def _final_needs_grad(output_final_state: bool, *tensors: torch.Tensor | None) -
 
 
 def refusal_of(kernels: ChunkKernels) -> Callable[[Any], str | None]:
-    """Why the route cannot take one validated call (gdn.ops.Call) of the chunk op, or None."""
+    """Why the route cannot take one validated call (gdn.calls.Call) of the chunk op, or None."""
 
     def refusal(call: Any) -> str | None:
         kw = call.kwargs

@@ -135,7 +135,7 @@ def chunk_gated_delta_rule(
     cu_seqlens: torch.Tensor | None,
     use_qk_l2norm_in_kernel: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The backend entry (inputs validated by gdn.ops): -> (o [B, T, HV, V] in v's dtype, final state
+    """The backend entry (inputs validated by gdn.calls): -> (o [B, T, HV, V] in v's dtype, final state
     [N, HV, K, V] fp32 or None)."""
     plan = plan_chunks(shapes.B, shapes.T, cu_seqlens, CHUNK)
     o, final_state = ChunkGatedDeltaRuleFunction.apply(

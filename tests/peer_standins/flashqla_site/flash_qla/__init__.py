@@ -7,7 +7,7 @@ B = 1 with cu_seqlens), computes with gdn's eager op (differentiable) and record
 import torch
 
 from gdn.backends.eager import EAGER
-from gdn.ops import PREPARE
+from gdn.calls import PREPARE
 
 __gdn_stand_in__ = "flash-qla 0.1.3 computing with gdn eager (adapter test)"
 __version__ = "0.1.3"
