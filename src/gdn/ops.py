@@ -1,15 +1,18 @@
 """The GDN ops as users call them. Each validates its inputs (gdn.calls), then runs the backend that
-`gdn.resolve` chose for (op, device); the checks that read tensor values on the host run only where the
-serving kernel does not guard those values itself (gdn._validate.run_value_checks)."""
+`gdn.resolve` chose for (op, device) (gdn.dispatch); the checks that read tensor values on the host run
+only where the serving kernel does not guard those values itself. Inside a torch.compile region each op
+is one custom op (gdn.library), so the region has no graph break and the backend is still chosen when
+the op runs."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
 
-from gdn import _validate as check
-from gdn import calls
-from gdn.resolve import backends, for_call, resolve
+import torch
+
+from gdn import calls, library
+from gdn.dispatch import run_op
 
 
 def _public(prepare: Callable[..., calls.Call]) -> Callable:
@@ -19,11 +22,9 @@ def _public(prepare: Callable[..., calls.Call]) -> Callable:
     @functools.wraps(prepare)
     def run(*args, **kwargs):
         calls.refuse_extra_positionals(name, len(args), positional)
-        with check.deferred_value_checks() as value_checks:
-            call = prepare(*args, **kwargs)
-        backend, fn = for_call(resolve(name, call.device), call)
-        check.run_value_checks(value_checks, kernel_guards=name in backends()[backend].guards_values)
-        return fn(*call.args, **call.kwargs)
+        if torch.compiler.is_compiling():
+            return library.call(name, args, kwargs)
+        return run_op(name, args, kwargs)
 
     return run
 

@@ -1,0 +1,111 @@
+"""Inputs for the custom-op and torch.compile tests (tests/test_compile.py, tests/test_triton_compile.py):
+one call per custom op in gdn.library, a training step and a decode step as a model makes them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+import gdn
+from gdn import library
+
+B, T, H, HV, K, V, D, W = 2, 9, 1, 2, 8, 8, 16, 4
+
+
+def op_cases(device: str, gen: torch.Generator, *, grad: bool) -> dict[str, tuple]:
+    """Arguments of every custom op, in schema order, fresh random values; the inputs of the
+    differentiable ops require grad when `grad`."""
+
+    def randn(*shape, scale=1.0, dtype=torch.float32, needs_grad=False):
+        t = (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
+        return t.requires_grad_(grad and needs_grad)
+
+    def gdn_args(plain_state: bool) -> tuple:
+        q, k = randn(B, T, H, K, needs_grad=True), randn(B, T, H, K, needs_grad=True)
+        v = randn(B, T, HV, V, needs_grad=True)
+        g = (-torch.rand(B, T, HV, generator=gen) * 0.5).to(device).requires_grad_(grad)
+        beta = torch.rand(B, T, HV, generator=gen).to(device).requires_grad_(grad)
+        h0 = randn(B, HV, K, V, scale=0.1, needs_grad=plain_state)
+        return q, k, v, g, beta, None, h0, True, None, True
+
+    q, k, v, g, beta = (t.detach() for t in gdn_args(False)[:5])
+    pool = randn(2 * B, HV, K, V, scale=0.1)
+    slots = torch.randperm(2 * B, generator=gen)[:B].to(device, torch.int32)
+    x_seq = randn(B, D, T, needs_grad=True)
+    weight, bias = randn(D, W, needs_grad=True), randn(D, needs_grad=True)
+    lengths = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
+    return {
+        "chunk_gated_delta_rule": gdn_args(True),
+        "fused_recurrent_gated_delta_rule": gdn_args(True),
+        "fused_recurrent_gated_delta_rule_update": (q, k, v, g, beta, pool, slots, None, None, True),
+        "causal_conv1d_fn": (x_seq, weight, bias, "silu", None, randn(B, D, W - 1, needs_grad=True), True),
+        "causal_conv1d_fn_varlen": (
+            randn(D, T),
+            weight.detach(),
+            bias.detach(),
+            "silu",
+            lengths,
+            randn(3, D, W - 1),
+            torch.tensor([2, 0], dtype=torch.int32, device=device),
+            torch.tensor([True, False], device=device),
+        ),
+        "causal_conv1d_update": (randn(B, D), randn(B, D, W - 1), weight.detach(), bias.detach(), "silu", None),
+        "l2norm": (randn(B, T, H, K, needs_grad=True), 1e-6),
+        "fused_gdn_gating": (
+            randn(HV, needs_grad=True),
+            randn(B, T, HV, needs_grad=True),
+            randn(B, T, HV, needs_grad=True),
+            randn(HV, needs_grad=True),
+        ),
+    }
+
+
+def custom_op(name: str):
+    return getattr(torch.ops, library.NAMESPACE).__getattr__(name).default
+
+
+class Block(torch.nn.Module):
+    """The GDN layer's ops in a training step's order: conv with SiLU, q/k l2norm, the gate, the chunk op."""
+
+    def __init__(self, gen: torch.Generator, device: str):
+        super().__init__()
+
+        def param(*shape, scale=0.3):
+            return torch.nn.Parameter((torch.randn(*shape, generator=gen) * scale).to(device))
+
+        self.conv_weight, self.conv_bias = param(2 * H * K + HV * V, W), param(2 * H * K + HV * V)
+        self.A_log, self.dt_bias = param(HV), param(HV)
+        self.gate = param(H * K, 2 * HV)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mixed = gdn.causal_conv1d_fn(x.transpose(1, 2), self.conv_weight, self.conv_bias, activation="silu")
+        mixed = mixed.transpose(1, 2)
+        q, k, v = mixed.split([H * K, H * K, HV * V], dim=-1)
+        q, k = (gdn.l2norm(t.reshape(B, T, H, K)) for t in (q, k))
+        a, b = (q.reshape(B, T, H * K) @ self.gate).split(HV, dim=-1)
+        g, beta = gdn.fused_gdn_gating(self.A_log, a, b, self.dt_bias)
+        o, _ = gdn.chunk_gated_delta_rule(q, k, v.reshape(B, T, HV, V), g, beta)
+        return F.silu(o).square().mean()
+
+
+def training_step(block: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]:
+    loss = block(x)
+    loss.backward()
+    return [loss.detach(), *(p.grad for p in block.parameters())]
+
+
+def decode_step(x, conv_state, weight, bias, q, k, v, g, beta, pool, slots) -> torch.Tensor:
+    mixed = gdn.causal_conv1d_update(x, conv_state, weight, bias, "silu")
+    o = gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, slots, use_qk_l2norm_in_kernel=True)
+    return o * mixed.mean()
+
+
+def decode_inputs(device: str, gen: torch.Generator) -> dict[str, Any]:
+    cases = op_cases(device, gen, grad=False)
+    x, conv_state, weight, bias = cases["causal_conv1d_update"][:4]
+    q, k, v, g, beta, pool, slots = cases["fused_recurrent_gated_delta_rule_update"][:7]
+    return dict(
+        x=x, conv_state=conv_state, weight=weight, bias=bias, q=q, k=k, v=v, g=g, beta=beta, pool=pool, slots=slots
+    )
