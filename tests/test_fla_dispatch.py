@@ -20,8 +20,13 @@ pytestmark = pytest.mark.probe
 
 STANDINS = Path(__file__).parent / "peer_standins"
 SRC = Path(__file__).parents[1] / "src"
-COLLECT = (
-    "import json; from gdn.probe import fla_section, _fla_text; s = fla_section(); print(json.dumps([s, _fla_text(s)]))"
+COLLECT = "; ".join(
+    [
+        "import json",
+        "from gdn.manifest import fla_section, _fla_text",
+        "s = fla_section()",
+        "print(json.dumps([s, _fla_text(s)]))",
+    ]
 )
 
 

@@ -1,6 +1,6 @@
 """gdn: Gated DeltaNet ops with an explicit, probed, observable choice of backend per op.
 
-Names are loaded on first use, so `import gdn` (and `python -m gdn.probe`) works even where torch
+Names are loaded on first use, so `import gdn` (and `python -m gdn.manifest`) works even where torch
 itself is broken: the probe must be able to report that."""
 
 from __future__ import annotations

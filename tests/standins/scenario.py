@@ -5,7 +5,7 @@
 In ascendc mode, on the stand-in device: resolve every op the backend serves, run the chunk op three
 times as model layers would (K = V = 128, so the composite forward serves where shipped), a training
 step with a loss on the final state once, and the conv once, each compared with eager on the same
-inputs, then collect the probe manifest. Prints {"resolve": {"resolutions", "errors", "plan", "log",
+inputs, then collect the manifest. Prints {"resolve": {"resolutions", "errors", "plan", "log",
 "parity", "final_state_step"}, "manifest": ...}.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import gdn
-from gdn import probe
+from gdn import manifest
 from gdn.backends.ascendc import ASCENDC, routes
 from gdn.backends.base import describe_error
 from gdn.resolve import resolve
@@ -125,7 +125,7 @@ def _compare(op: Callable, inputs: dict[str, Any], grads: tuple[str, ...]) -> di
 
 
 def main() -> int:
-    result = {"resolve": resolve_all(), "manifest": probe.collect_manifest()}
+    result = {"resolve": resolve_all(), "manifest": manifest.collect_manifest()}
     print(json.dumps(result, default=str))
     return 0
 

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gdn import probe
+from gdn import manifest
 
 # Exit status of `run` for a cell that could not run here (no device, no engine): distinct from a
 # failure so that nox can record it as skipped.
@@ -106,13 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gdn-matrix", description="Gated DeltaNet wheel-compatibility matrix.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    probe_parser = commands.add_parser(
-        "probe",
+    manifest_parser = commands.add_parser(
+        "manifest",
         help="print this environment's manifest and gdn's backend resolution",
-        description="The same as `python -m gdn.probe`.",
+        description="The same as `python -m gdn.manifest`.",
     )
-    probe.add_arguments(probe_parser)
-    probe_parser.set_defaults(handler=probe.run)
+    manifest.add_arguments(manifest_parser)
+    manifest_parser.set_defaults(handler=manifest.run)
     _add_run(commands)
     _add_schema(commands)
     _add_module_command(commands, "report", "build report.json / report.md / report.html from results/")

@@ -68,7 +68,12 @@ def _run(args: argparse.Namespace) -> int:
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gdn-cell-{args.cell}"
     scratch.mkdir(parents=True, exist_ok=True)
     steps = [
-        _step("probe", [sys.executable, "-m", "gdn.probe", "--output", str(args.out / "manifest.json")], scratch, env)
+        _step(
+            "manifest",
+            [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
+            scratch,
+            env,
+        )
     ]
     manifest_path = args.out / "manifest.json"
     if manifest_path.exists():
@@ -86,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     write_json(args.out / "entry.json", {"cell": args.cell, "families": args.families, "steps": steps})
     codes = {s["step"]: s["exit_code"] for s in steps}
-    if codes["probe"] != 0 or codes["pytest"] not in (0, 1) or codes.get("bench", 0) != 0:
+    if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes.get("bench", 0) != 0:
         return 2
     return codes["pytest"]
 

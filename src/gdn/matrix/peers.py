@@ -1,4 +1,4 @@
-"""The kernels the peers themselves run, per cell, from the manifest's fla section (gdn.probe): whether
+"""The kernels the peers themselves run, per cell, from the manifest's fla section (gdn.manifest): whether
 fla imports, the kernel its own dispatch takes for the chunk op, whether its Hopper guard blocks the
 gated backward, and the versions of the packages that decide it. The report shows them beside gdn's own
 resolution; diff reports a change of them as a change of kernel."""

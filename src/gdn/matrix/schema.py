@@ -2,7 +2,7 @@
 
     cell.json         CellOutcome      written by the cell runner (gdn.matrix.cell)
     interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
-    manifest.json     Manifest         written by the probe inside the cell (gdn.probe)
+    manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
     bench.json        BenchFile        written by the cell's benchmark (bench.cell)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
@@ -132,7 +132,7 @@ Section = dict[str, Any]
 
 @dataclass
 class Manifest:
-    """manifest.json (gdn.probe): the sections the report reads are typed as objects (a section the
+    """manifest.json (gdn.manifest): the sections the report reads are typed as objects (a section the
     probe could not fill is {"error": ...}); everything else the probe records is allowed as is."""
 
     python: Section | None = None

@@ -1,4 +1,4 @@
-"""The versions a probe manifest (gdn.probe.collect_manifest) records, and how they compare with a
+"""The versions a probe manifest (gdn.manifest.collect_manifest) records, and how they compare with a
 cell's pins (matrix.yaml `versions`): the report shows the first, the cell runner records the second,
 since a cell run outside its image (the host runtime) runs whatever the environment has."""
 

@@ -2,9 +2,9 @@
 CANN toolkit and driver, fla_npu and the API generation it exposes, fla, transformers, devices, and
 which gdn backend resolves for every op on every device present.
 
-`python -m gdn.probe --json` prints it. A missing or broken package is a finding, not a failure: each
+`python -m gdn.manifest --json` prints it. A missing or broken package is a finding, not a failure: each
 section is computed on its own and an exception becomes {"error": "<ExcType>: <msg>"} in that section.
-Only the standard library is imported at module level, so the probe runs however broken the stack is.
+Only the standard library is imported at module level, so the manifest is written however broken the stack is.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ Section = dict[str, Any]
 def _section(build: Callable[[], Any]) -> Any:
     try:
         return build()
-    except Exception as exc:  # a broken package is what the probe reports, never why it stops
+    except Exception as exc:  # a broken package is what the manifest reports, never why it stops
         return {"error": describe_error(exc)}
 
 
@@ -594,7 +594,7 @@ def _resolution_line(record: Section) -> str:
 
 
 def format_summary(manifest: dict[str, Any]) -> str:
-    lines = [f"gdn probe (schema {manifest['schema']}) on {manifest['hostname']} at {manifest['generated_at']}"]
+    lines = [f"gdn manifest (schema {manifest['schema']}) on {manifest['hostname']} at {manifest['generated_at']}"]
     for name, describe in SUMMARIES.items():
         section = manifest[name]
         text = f"error: {section['error']}" if "error" in section else describe(section)
@@ -613,7 +613,7 @@ def format_summary(manifest: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The probe's flags; `gdn-matrix probe` declares the same ones through this."""
+    """The manifest's flags; `gdn-matrix manifest` declares the same ones through this."""
     parser.add_argument("--json", action="store_true", help="print the manifest as JSON")
     parser.add_argument("--mode", help="gdn compute mode to resolve with (default: GDN_COMPUTE_MODE, else auto)")
     parser.add_argument("--output", type=Path, metavar="PATH", help="also write the JSON manifest to PATH")
@@ -626,7 +626,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             gdn.set_compute_mode(args.mode)
         except ValueError as exc:
-            print(f"gdn probe: error: {exc}", file=sys.stderr)
+            print(f"gdn manifest: error: {exc}", file=sys.stderr)
             return 2
     try:
         # packages that print while importing must not corrupt the JSON on stdout
@@ -646,7 +646,7 @@ def run(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gdn.probe", description="Print the environment manifest and gdn's backend resolution."
+        prog="python -m gdn.manifest", description="Print the environment manifest and gdn's backend resolution."
     )
     add_arguments(parser)
     return parser

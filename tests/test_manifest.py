@@ -1,4 +1,4 @@
-"""The environment probe and the `gdn-matrix probe` command: every section present, missing and broken
+"""The environment manifest and the `gdn-matrix manifest` command: every section present, missing and broken
 packages reported as findings (never a crash), CANN versions read from a fake tree, fla_npu's API
 generation told apart on stand-in packages."""
 
@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 import torch
 
-from gdn import compute_mode, probe
+import gdn.manifest as gdn_manifest
+from gdn import compute_mode
 from gdn.backends.ascendc import surface
 from gdn.matrix import cli
 from gdn.op_names import OP_NAMES
@@ -82,7 +83,7 @@ def run_probe(*args: str, pythonpath: Path | None = None, **env: str) -> subproc
     if pythonpath is not None:
         child_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), os.environ.get("PYTHONPATH")]))
     return subprocess.run(
-        [sys.executable, "-m", "gdn.probe", *args],
+        [sys.executable, "-m", "gdn.manifest", *args],
         env=child_env,
         capture_output=True,
         text=True,
@@ -143,7 +144,7 @@ def write_cann_tree(root: Path, toolkit: str | None, driver: str | None) -> None
 def test_fake_cann_tree_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write_cann_tree(tmp_path, toolkit="8.5.0", driver="25.2.0")
     monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path))
-    cann = probe.cann_section()
+    cann = gdn_manifest.cann_section()
     assert cann["present"] is True
     assert cann["root"] == str(tmp_path)
     assert cann["toolkit"]["version"] == "8.5.0"
@@ -155,12 +156,12 @@ def test_ascend_home_path_names_the_toolkit_in_use(tmp_path: Path, monkeypatch: 
     write_cann_tree(tmp_path / "sourced", toolkit="9.1.0", driver=None)
     monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path / "default"))
     monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path / "sourced" / "ascend-toolkit" / "latest"))
-    assert probe.cann_section()["toolkit"]["version"] == "9.1.0"
+    assert gdn_manifest.cann_section()["toolkit"]["version"] == "9.1.0"
 
 
 def test_absent_cann_is_reported_with_the_paths_tried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GDN_ASCEND_ROOT", str(tmp_path))
-    cann = probe.cann_section()
+    cann = gdn_manifest.cann_section()
     assert cann["present"] is False
     assert cann["toolkit"]["present"] is False
     assert str(tmp_path / "ascend-toolkit") in cann["toolkit"]["reason"]
@@ -171,7 +172,7 @@ def test_invalid_env_mode_is_reported_not_raised(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setenv("GDN_COMPUTE_MODE", "bogus")
-    assert probe.main(["--json"]) == 0
+    assert gdn_manifest.main(["--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert manifest["gdn"]["compute_mode"] is None
     assert manifest["gdn"]["compute_mode_error"].startswith("ValueError: environment variable GDN_COMPUTE_MODE")
@@ -181,14 +182,14 @@ def test_invalid_env_mode_is_reported_not_raised(
 
 
 def test_invalid_mode_flag_exits_2(capsys: pytest.CaptureFixture) -> None:
-    assert probe.main(["--json", "--mode", "bogus"]) == 2
+    assert gdn_manifest.main(["--json", "--mode", "bogus"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
     assert "'bogus'" in err
 
 
 def test_mode_flag_resolves_with_that_mode_and_does_not_outlive_the_call(capsys: pytest.CaptureFixture) -> None:
-    assert probe.main(["--json", "--mode", "eager"]) == 0
+    assert gdn_manifest.main(["--json", "--mode", "eager"]) == 0
     records = json.loads(capsys.readouterr().out)["resolution"]
     assert {r["requested_mode"] for r in records} == {"eager"}
     assert compute_mode() == "auto"
@@ -277,7 +278,7 @@ def test_fla_npu_generation(has_loader: bool, stable_api: bool, legacy_registere
 
 def test_summary_and_output_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     output = tmp_path / "cell" / "manifest.json"
-    assert probe.main(["--output", str(output)]) == 0
+    assert gdn_manifest.main(["--output", str(output)]) == 0
     summary = capsys.readouterr().out
     written = json.loads(output.read_text())
     assert set(written) == SECTIONS
@@ -319,7 +320,7 @@ def test_missing_cann_is_reported_with_the_exact_errors(tmp_path: Path) -> None:
     # the stand-ins (tests/standins) fail as the real packages do without CANN: torch_npu cannot
     # load libhccl.so, fla_npu refuses to import before set_env.sh
     env = harness.environment(tmp_path, "26.10", cann=False, GDN_STAND_IN_TORCH_NPU="missing-cann")
-    manifest = harness.run_json(env, "gdn.probe", "--json")
+    manifest = harness.run_json(env, "gdn.manifest", "--json")
     assert manifest["torch_npu"]["import"]["error"].startswith(
         "ImportError: libhccl.so: cannot open shared object file: No such file or directory."
     )
@@ -374,7 +375,7 @@ def with_npu(manifest: dict[str, Any], **triton: str) -> dict[str, Any]:
     ],
 )
 def test_triton_ascend_check(manifest: dict[str, Any], triton: dict, verdict: str, detail: str) -> None:
-    checks = {c["name"]: c for c in probe.checks_section(with_npu(manifest, **triton))}
+    checks = {c["name"]: c for c in gdn_manifest.checks_section(with_npu(manifest, **triton))}
     assert (checks["triton_ascend"]["verdict"], checks["triton_ascend"]["detail"]) == (verdict, detail)
     assert checks["npu_devices"] == {"name": "npu_devices", "verdict": "ok", "detail": "2 x Ascend910B3"}
     assert checks["torch_npu"] == {"name": "torch_npu", "verdict": "ok", "detail": "torch_npu 2.9.0.post3"}
@@ -406,7 +407,7 @@ def test_the_installed_fla_npu_serves_the_training_ops_on_its_generation_route(m
 
 
 def test_gdn_matrix_probe_json(capsys: pytest.CaptureFixture) -> None:
-    assert cli.main(["probe", "--json"]) == 0
+    assert cli.main(["manifest", "--json"]) == 0
     manifest = json.loads(capsys.readouterr().out)
     assert set(manifest) == SECTIONS
     assert {r["op"] for r in manifest["resolution"]} == set(OP_NAMES)
