@@ -3,6 +3,7 @@ one call per custom op in gdn.library, a training step and a decode step as a mo
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -10,6 +11,8 @@ import torch.nn.functional as F
 
 import gdn
 from gdn import library
+from gdn.resolve import compute_mode_override, last_route
+from reference import rel_err
 
 B, T, H, HV, K, V, D, W = 2, 9, 1, 2, 8, 8, 16, 4
 
@@ -109,3 +112,44 @@ def decode_inputs(device: str, gen: torch.Generator) -> dict[str, Any]:
     return dict(
         x=x, conv_state=conv_state, weight=weight, bias=bias, q=q, k=k, v=v, g=g, beta=beta, pool=pool, slots=slots
     )
+
+
+def opcheck(name: str, device: str, gen: torch.Generator, mode: str) -> str:
+    """torch.library.opcheck of one custom op in compute mode `mode`: schema, fake implementation,
+    autograd registration and AOT dispatch agree with the op; returns the route that served it last."""
+    with compute_mode_override(mode):
+        torch.library.opcheck(custom_op(name), op_cases(device, gen, grad=True)[name])
+        return last_route()
+
+
+def _explain(fn, *args, **kwargs):
+    torch._dynamo.reset()
+    return torch._dynamo.explain(fn)(*args, **kwargs)
+
+
+def check_training_step(block: torch.nn.Module, x: torch.Tensor, backend: str, mode: str, tol: float) -> None:
+    """The block compiled whole (fullgraph) has no graph break, and its loss and every parameter's
+    gradient (through the ops' registered autograd) equal the uncompiled step's."""
+    with compute_mode_override(mode):
+        assert _explain(block, x).graph_break_count == 0
+        expected = training_step(copy.deepcopy(block), x)
+        torch._dynamo.reset()
+        got = training_step(torch.compile(block, backend=backend, fullgraph=True), x)
+    for name, a, b in zip(["loss", *(n for n, _ in block.named_parameters())], got, expected, strict=True):
+        assert rel_err(a, b) <= tol, name
+
+
+def check_decode_step(inputs: dict[str, torch.Tensor], mode: str, tol: float) -> None:
+    """The decode step compiled whole has no graph break, and its output and the pools it writes equal
+    the uncompiled step's."""
+    before = {n: t.clone() for n, t in inputs.items()}
+    eager = {n: t.clone() for n, t in inputs.items()}
+    with compute_mode_override(mode):
+        assert _explain(decode_step, **{n: t.clone() for n, t in inputs.items()}).graph_break_count == 0
+        expected = decode_step(**eager)
+        torch._dynamo.reset()
+        got = torch.compile(decode_step, backend="eager", fullgraph=True)(**inputs)
+    assert rel_err(got, expected) <= tol
+    for pool in ("conv_state", "pool"):
+        assert not torch.equal(inputs[pool], before[pool]), f"{pool} was not written"
+        assert rel_err(inputs[pool], eager[pool]) <= tol, pool

@@ -15,39 +15,27 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-import gdn
-from compile_cases import Block, custom_op, decode_inputs, op_cases
+from compile_cases import Block, check_decode_step, check_training_step, decode_inputs, opcheck
 from gdn import library
-from test_compile import check_decode_step, check_training_step
 
 pytestmark = pytest.mark.single_op
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-@pytest.fixture(autouse=True)
-def triton_mode():
-    gdn.set_compute_mode("triton")
-    yield
-    gdn.set_compute_mode(None)
-
-
-@pytest.mark.parametrize("name", sorted(library.CUSTOM))
-def test_opcheck_every_custom_op(name, gen):
-    args = op_cases(DEVICE, gen, grad=True)[name]
-    torch.library.opcheck(custom_op(name), args)
-    assert gdn.resolve.last_route().startswith("triton:") or name in FORWARD_ONLY_WITH_GRAD
-
-
 # the triton backend serves these forward only: a call whose inputs need gradients runs eager
 FORWARD_ONLY_WITH_GRAD = {"fused_recurrent_gated_delta_rule", "causal_conv1d_fn"}
 
 
+@pytest.mark.parametrize("name", sorted(library.CUSTOM))
+def test_opcheck_every_custom_op(name, gen):
+    route = opcheck(name, DEVICE, gen, "triton")
+    assert route.startswith("triton:") or (name in FORWARD_ONLY_WITH_GRAD and route == "eager"), route
+
+
 @pytest.mark.parametrize("backend", ["eager", "aot_eager"])
 def test_a_compiled_training_step_has_no_graph_break_and_equals_eager(backend, gen):
-    block = Block(gen, DEVICE)
-    check_training_step(block, torch.randn(2, 9, 32, generator=gen).to(DEVICE), backend, tol=1e-5)
+    x = torch.randn(2, 9, 32, generator=gen).to(DEVICE)
+    check_training_step(Block(gen, DEVICE), x, backend, "triton", tol=1e-5)
 
 
 def test_a_compiled_decode_step_has_no_graph_break_and_writes_the_pools_like_eager(gen):
-    check_decode_step(decode_inputs(DEVICE, gen), tol=1e-6)
+    check_decode_step(decode_inputs(DEVICE, gen), "triton", tol=1e-6)
