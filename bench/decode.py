@@ -9,7 +9,8 @@ measured in the same run (a large device-to-device copy).
 
 Rows: `gdn` is the public call as a serving engine makes it (`gdn.fused_recurrent_gated_delta_rule_update`:
 validation, resolution and launch, back to back, so host time between launches counts) and its
-`of_kernel` column is the kernel-only time over its time; `gdn-triton` is the kernel behind validation,
+`of_kernel` column is the kernel-only time over its time, and the same call captured in a CUDA graph and
+replayed; `gdn-triton` is the kernel behind validation,
 with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
 gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
@@ -59,6 +60,20 @@ def public(inputs, pool, indices):
             return gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
 
     return step
+
+
+def graphed(step):
+    """The public call captured in a CUDA graph (after a warm-up on a side stream); replaying it is what
+    a serving engine that graphs its decode step pays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
 
 
 def fla_fns(inputs, pool, indices):
@@ -134,8 +149,10 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     default = decode.launch_config(B, HV, K, V, pool.device)
     kernel_ms = median_ms(ours(inputs, pool, indices))
     public_ms = median_ms(public(inputs, pool, indices))
+    graph_ms = median_ms(graphed(public(inputs, pool, indices)))
     rows = [
         {**row(B, "gdn", "public call", public_ms, state_bytes, ceiling), "of_kernel": f"{kernel_ms / public_ms:.0%}"},
+        row(B, "gdn", "public call in a CUDA graph", graph_ms, state_bytes, ceiling),
         row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", kernel_ms, state_bytes, ceiling),
     ]
     for BV, warps in SWEEP if sweep else []:
