@@ -16,8 +16,9 @@ warm-up: every backend that compiles makes the first calls of each workload (a c
 batch) in a process of its own, all at once, filling the on-disk caches (Triton's kernels and autotuning
 results, TileLang's kernels); their time is the row's first_call_s, a user's cold start in a fresh
 process (with whatever the caches on this machine already held). The warm-up has its own cap
-(--warm-up-s, default 240 s): a workload not done by then is ended and its rows say so. The timing that
-follows, in this one process, loads what the warm-up compiled and has the budget. Autotuning in the
+(--warm-up-s, default 240 s): a workload not done by then is ended, and the timing makes its first calls
+itself within the timing's budget (its rows say so). The timing that follows, in this one process,
+loads what the warm-up compiled and has the budget. Autotuning in the
 warm-up shares the device with the other warm-ups, so a peer may pick a slightly different
 configuration than it would alone. A runner that keeps its caches (Triton's ~/.triton/cache, TileLang's
 ~/.tilelang/cache) between runs makes the warm-up take seconds.
@@ -130,10 +131,11 @@ class Cell:
         self.measuring = False
         self.first_calls_only = first_calls_only
         self.rows_out = rows_out
-        # from the warm-up: the first call of each row, and per (backend, workload) that had a warm-up
-        # process what a row it did not reach says
+        # from the warm-up: the first call of each row; per (backend, workload) whose warm-up process
+        # failed, what a row it did not reach says; per one ended at the cap, the note its rows carry
         self.first_calls: dict[tuple[str, str, str, str], BenchRow] = {}
         self.unreached: dict[tuple[str, int], str] = {}
+        self.unfinished: dict[tuple[str, int], str] = {}
         self.workload = 0
 
     @contextlib.contextmanager
@@ -214,13 +216,17 @@ class Cell:
                         handle.write(json.dumps(row.to_json()) + "\n")
 
     def take_first_call(self, row: BenchRow) -> None:
-        """The warm-up's first call for the row, or the reason the warm-up gave it none."""
-        if (row.backend, self.workload) in self.unreached:
-            warmed = self.first_calls.get(row.key())
-            if warmed is None:
-                row.reason = self.unreached[row.backend, self.workload]
-            else:
-                row.first_call_s, row.reason = warmed.first_call_s, warmed.reason
+        """The warm-up's first call for the row; where its warm-up process failed, the reason; where the
+        process was ended at the warm-up's cap, a note: the timing makes the first call itself, within
+        its own budget (the warm-up only moves compilation out of the timing's way)."""
+        job = (row.backend, self.workload)
+        warmed = self.first_calls.get(row.key())
+        if warmed is not None:
+            row.first_call_s, row.reason = warmed.first_call_s, warmed.reason
+        elif job in self.unreached:
+            row.reason = self.unreached[job]
+        elif job in self.unfinished:
+            row.note = "; ".join(filter(None, [row.note, self.unfinished[job]]))
 
     def time_pass(self, row: BenchRow, fn: Callable[[], object], grads) -> None:
         with compute_mode_override(row.backend):
@@ -338,11 +344,10 @@ def warm_up(cell: Cell, names: list[str], until_s: float) -> None:
                 row = BenchRow(**_row_fields(json.loads(line)))
                 cell.first_calls[row.key()] = row
             if (backend, workload) in ended:
-                cell.unreached[backend, workload] = (
-                    f"not timed: its first calls (compilation, autotuning) were not done after the {until_s:.0f} s"
-                    " the bench's warm-up has"
+                cell.unfinished[backend, workload] = (
+                    f"its warm-up's first calls were not done after {until_s:.0f} s: the timing made them"
                 )
-            else:
+            elif process.returncode != 0:
                 cell.unreached[backend, workload] = (
                     f"not timed: its warm-up process exited with status {process.returncode}"
                 )
