@@ -1,4 +1,5 @@
-"""chunk_gated_delta_rule: gdn's Triton kernels vs flash-linear-attention vs gdn eager, same run (GPU).
+"""chunk_gated_delta_rule: gdn's Triton kernels vs flash-linear-attention vs FlashQLA vs gdn eager, same
+run (GPU); a peer that does not import is left out with its reason.
 
 Times forward and forward+backward (median of triton.testing.do_bench) and the peak memory each
 allocates, bf16, q/k l2norm in the kernel, at the issue's shapes. FLA's Hopper guard (its gated
@@ -7,7 +8,7 @@ statement that its backward is correct on that stack. Also checks each implement
 
 With --sweep, also the triton forward+backward under each setting of SWEEP (knobs of
 gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
-forward+backward (torch.profiler), triton's and fla's, to say where the time goes.
+forward+backward (torch.profiler), triton's, fla's and FlashQLA's side by side, to say where the time goes.
 
 Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile]
 """
@@ -60,6 +61,19 @@ def fla_impl():
 
     def run(q, k, v, g, beta):
         return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+
+    return run
+
+
+def flashqla_impl():
+    try:
+        import flash_qla
+    except Exception as exc:  # absent, or its import refuses this GPU or misses tilelang / z3
+        print(f"flash_qla not importable: {type(exc).__name__}: {exc}; timing without it")
+        return None
+
+    def run(q, k, v, g, beta):
+        return flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
 
     return run
 
@@ -154,7 +168,7 @@ def main() -> None:
 
     quick = "--quick" in sys.argv
     shapes = SHAPES[:1] if quick else SHAPES
-    impls = {"triton": gdn_impl("triton"), "fla": fla_impl(), "eager": gdn_impl("eager")}
+    impls = {"triton": gdn_impl("triton"), "fla": fla_impl(), "flashqla": flashqla_impl(), "eager": gdn_impl("eager")}
     impls = {name: fn for name, fn in impls.items() if fn is not None}
     rows, sweep, kernels = [], [], []
     with bypass_hopper_guard():
@@ -170,7 +184,7 @@ def main() -> None:
                 sweep += sweep_rows(inputs, do, shape)
                 print_table(sweep[-len(SWEEP) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "error"])
             if "--profile" in sys.argv:
-                for name in ("triton", "fla"):
+                for name in ("triton", "fla", "flashqla"):
                     if name in impls:
                         kernels += kernel_times(impls[name], inputs, do, shape, name)
             torch.cuda.empty_cache()
@@ -179,7 +193,7 @@ def main() -> None:
         if fla and row["impl"] == "triton":
             row["fwd_bwd_vs_fla"] = round(row["fwd_bwd_ms"] / fla["fwd_bwd_ms"], 3)
             row["fwd_vs_fla"] = round(row["fwd_ms"] / fla["fwd_ms"], 3)
-    env = environment("fla-core")
+    env = environment("fla-core", "flash-qla", "tilelang")
     columns = ["shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_peak_gib", "fwd_bwd_peak_gib", "rel_err_vs_eager"]
     print_table(rows, [*columns, "fwd_vs_fla", "fwd_bwd_vs_fla"])
     payload = {
