@@ -32,6 +32,7 @@ These kernels have no backward: the triton backend serves both ops forward-only 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -296,19 +297,26 @@ class LaunchConfig:
 
 def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> LaunchConfig:
     """Wide V slices (whole 128-byte lines per state row, fewer redundant q/k loads) unless the grid
-    would then be too small to keep the GPU's memory system busy; 64 state elements per thread."""
+    would then be too small to keep the GPU's memory system busy; 64 state elements per thread.
+    Decided once per (shape, device, OVERRIDES): a decode step calls this every token, and deciding
+    took about half of the Python time in front of the kernel."""
+    return _launch_config(N, HV, K, V, processors(device), tuple(sorted(OVERRIDES.items())))
+
+
+@functools.lru_cache(maxsize=256)
+def _launch_config(N: int, HV: int, K: int, V: int, sms: int, overrides: tuple) -> LaunchConfig:
     BK = next_power_of_2(K)
     BV = min(MAX_BV, next_power_of_2(V))
-    wanted = PROGRAMS_PER_SM * processors(device)
+    wanted = PROGRAMS_PER_SM * sms
     while BV > MIN_BV and N * HV * cdiv(V, BV) < wanted:
         BV //= 2
     while BV > 1 and BK * BV > MAX_TILE:
         BV //= 2
-    unknown = set(OVERRIDES) - {f.name for f in fields(LaunchConfig)}
+    unknown = {name for name, _ in overrides} - {f.name for f in fields(LaunchConfig)}
     if unknown:
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     warps = max(1, min(8, BK * BV // (32 * ELEMENTS_PER_THREAD)))
-    return replace(LaunchConfig(BK=BK, BV=BV, num_warps=warps), **OVERRIDES)
+    return replace(LaunchConfig(BK=BK, BV=BV, num_warps=warps), **dict(overrides))
 
 
 def _launch(
