@@ -36,7 +36,6 @@ import argparse
 import contextlib
 import faulthandler
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -49,6 +48,7 @@ import torch
 
 import gdn
 from bench._common import chunk_inputs, environment, median_ms, peak_gib, pool_decode_inputs, print_table, write_results
+from gdn.matrix.cell import end_group
 from gdn.matrix.schema import BenchFile, BenchRow, shape_text
 from gdn.resolve import backends, compute_mode_override, resolve
 
@@ -64,6 +64,8 @@ WORKLOADS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 BUDGET_S = 180.0
 WARM_UP_S = 240.0
+# how long an ended warm-up process has to print its stack before what is left of it is killed
+SIGTERM_GRACE_S = 5.0
 # the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
 NOTHING_TO_COMPILE = ("eager",)
 # do_bench budgets in ms: enough for a stable median of kernels of 0.05-40 ms, small enough that every
@@ -337,7 +339,7 @@ def warm_up(cell: Cell, names: list[str], until_s: float) -> None:
             # the process prints where it was (faulthandler) on the SIGTERM that ends it
             print(f"warm-up {job[0]} workload {job[1]}: still running at {until_s:.0f} s, ended")
             ended.add(job)
-            _end_session(process)
+            end_group(process, SIGTERM_GRACE_S)
         for (backend, workload), process in jobs.items():
             rows_out = Path(scratch, f"{backend}-{workload}.jsonl")
             for line in rows_out.read_text().splitlines() if rows_out.exists() else []:
@@ -356,16 +358,6 @@ def warm_up(cell: Cell, names: list[str], until_s: float) -> None:
 def _row_fields(data: dict) -> dict:
     data["pass_"] = data.pop("pass")
     return data
-
-
-def _end_session(process: subprocess.Popen) -> None:
-    """SIGTERM the process's session, then SIGKILL what is left after a few seconds (a compiler it started)."""
-    for sig, grace in ((signal.SIGTERM, 5), (signal.SIGKILL, None)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=grace)
-            return
 
 
 def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from gdn import _validate as check
-from gdn.calls import PREPARE
+from gdn.calls import PREPARE, positional_names
 from gdn.dispatch import run_op
 
 NAMESPACE = "gdn"
@@ -349,10 +349,9 @@ class Binding:
 
 def _binding(public: str, ops: Sequence[LibraryOp]) -> Binding:
     parameters = inspect.signature(PREPARE[public]).parameters.values()
-    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     covered = {name for op in ops for name in op.names}
     return Binding(
-        positional=tuple(p.name for p in parameters if p.kind in kinds),
+        positional=tuple(positional_names(PREPARE[public])),
         names=frozenset(p.name for p in parameters),
         defaults={p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty},
         extras=tuple(p.name for p in parameters if p.name not in covered),

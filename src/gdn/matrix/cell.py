@@ -97,7 +97,7 @@ def _signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
-def _end_group(process: subprocess.Popen, grace_s: float) -> None:
+def end_group(process: subprocess.Popen, grace_s: float) -> None:
     """End the process and everything it started (its session's process group): SIGTERM, then
     SIGKILL for whatever is left after grace_s."""
     with contextlib.suppress(ProcessLookupError):
@@ -168,14 +168,14 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
     try:
         code = process.wait(timeout=cell.timeout_s)
     except subprocess.TimeoutExpired:
-        _end_group(process, GRACE_S)
+        end_group(process, GRACE_S)
         reader.join(timeout=5)
         return None, True
     except BaseException:
-        _end_group(process, GRACE_S)
+        end_group(process, GRACE_S)
         raise
     # the entry is done; anything it left running in its group is not part of a result
-    _end_group(process, 0)
+    end_group(process, 0)
     reader.join(timeout=5)
     return code, False
 
