@@ -6,8 +6,8 @@ Ops: chunk_gated_delta_rule forward and forward+backward at (B, T, H, HV, K=V) =
 and (4, 4096, 16, 32, 128), bf16, q/k l2norm in the kernel; the state-pool decode
 (fused_recurrent_gated_delta_rule_update, one token per sequence) at B = 64 and 256. A backend that is
 unavailable or rejected for an op gets a row with the resolver's reason instead of a time; once the
-budget (--budget-s, default 180 s) is spent, the rows not yet timed say so: the budget is a hard limit,
-a timer interrupts the call in progress.
+budget (--budget-s, default $GDN_BENCH_BUDGET_S or 180 s) is spent, the rows not yet timed say so:
+the budget is a hard limit, a timer interrupts the call in progress.
 
 A peer's first call can autotune or JIT-compile for minutes (on the H200, fla's Triton path about
 2 minutes per T bucket alone and more beside other compiles, FlashQLA's TileLang kernels about as long),
@@ -16,9 +16,9 @@ warm-up: every backend that compiles makes the first calls of each workload (a c
 batch) in a process of its own, all at once, filling the on-disk caches (Triton's kernels and autotuning
 results, TileLang's kernels); their time is the row's first_call_s, a user's cold start in a fresh
 process (with whatever the caches on this machine already held). The warm-up has its own cap
-(--warm-up-s, default 240 s): a workload not done by then is ended, and the timing makes its first calls
-itself within the timing's budget (its rows say so). The timing that follows, in this one process,
-loads what the warm-up compiled and has the budget. Autotuning in the
+(--warm-up-s, default $GDN_BENCH_WARM_UP_S or 240 s): a workload not done by then is ended, and the
+timing makes its first calls itself within the timing's budget (its rows say so). The timing that
+follows, in this one process, loads what the warm-up compiled and has the budget. Autotuning in the
 warm-up shares the device with the other warm-ups, so a peer may pick a slightly different
 configuration than it would alone. A runner that keeps its caches (Triton's ~/.triton/cache, TileLang's
 ~/.tilelang/cache) between runs makes the warm-up take seconds.
@@ -36,6 +36,7 @@ import argparse
 import contextlib
 import faulthandler
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -64,6 +65,8 @@ WORKLOADS: tuple[tuple[str, tuple[int, ...]], ...] = (
 )
 BUDGET_S = 180.0
 WARM_UP_S = 240.0
+# where the cell's entry runs the bench, these set its two budgets (a busy or shared runner needs other ones)
+BUDGET_ENV, WARM_UP_ENV = "GDN_BENCH_BUDGET_S", "GDN_BENCH_WARM_UP_S"
 # how long an ended warm-up process has to print its stack before what is left of it is killed
 SIGTERM_GRACE_S = 5.0
 # the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
@@ -394,19 +397,44 @@ def first_calls(device: str, backend: str, workload: int, rows_out: Path) -> int
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def seconds_from_env(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise SystemExit(f"bench.cell: {name} must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
-    parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="the timing's budget (after the warm-up)")
     parser.add_argument(
-        "--warm-up-s", type=float, default=WARM_UP_S, help="end the warm-up's first calls after this long"
+        "--budget-s",
+        type=float,
+        default=seconds_from_env(BUDGET_ENV, BUDGET_S),
+        help=f"the timing's budget (after the warm-up); default ${BUDGET_ENV} or {BUDGET_S:.0f}",
+    )
+    parser.add_argument(
+        "--warm-up-s",
+        type=float,
+        default=seconds_from_env(WARM_UP_ENV, WARM_UP_S),
+        help=f"end the warm-up's first calls after this long; default ${WARM_UP_ENV} or {WARM_UP_S:.0f}",
     )
     warm = parser.add_argument_group("a warm-up process (the bench starts these itself)")
     warm.add_argument("--first-calls", metavar="BACKEND", help="make the first calls of one workload of BACKEND")
     warm.add_argument("--workload", type=int, choices=range(len(WORKLOADS)), default=0)
     warm.add_argument("--rows-out", type=Path, help="append each row as a JSON line here")
     warm.add_argument("--device", help="the accelerator the bench found")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.first_calls:
         return first_calls(args.device, args.first_calls, args.workload, args.rows_out)
     device = accelerator()

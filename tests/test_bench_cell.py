@@ -146,3 +146,22 @@ def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes
         ("fwd+bwd", None, "triton:route"),
     ]
     assert all(isinstance(r["first_call_s"], float) for r in lines)
+
+
+def test_the_budgets_come_from_the_environment_where_the_entry_runs_the_bench(monkeypatch):
+    from bench import cell
+
+    monkeypatch.setenv(cell.WARM_UP_ENV, "90")
+    monkeypatch.setenv(cell.BUDGET_ENV, "60.5")
+    args = cell.build_parser().parse_args([])
+    assert (args.warm_up_s, args.budget_s) == (90.0, 60.5)
+    assert cell.build_parser().parse_args(["--budget-s", "30"]).budget_s == 30.0
+
+
+@pytest.mark.parametrize("text", ["soon", "0", "-5"])
+def test_a_budget_that_is_not_a_positive_number_is_refused_by_name(monkeypatch, text):
+    from bench import cell
+
+    monkeypatch.setenv(cell.WARM_UP_ENV, text)
+    with pytest.raises(SystemExit, match=f"GDN_BENCH_WARM_UP_S must be a positive number of seconds, got '{text}'"):
+        cell.build_parser()

@@ -5,6 +5,7 @@ decorated, so that case cannot share this process)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import os
@@ -170,3 +171,22 @@ def test_interpreter_resolves_l2norm_to_the_bundled_kernels():
     assert record["probe"]["max_rel_err"] < 1e-5
     assert result["y_err"] < 1e-5 and result["dx_err"] < 1e-5
     assert set(result["ops"]) == set(OP_NAMES), "the triton backend bundles every op"
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+def test_every_constexpr_global_of_the_kernels_equals_itself():
+    """A compiled kernel re-reads the module globals it used at every launch and refuses to run when one
+    compares unequal to its compile-time value, so a NaN global fails every launch on a GPU (the
+    interpreter does not check). The kernels' globals must compare equal to themselves."""
+    import pkgutil
+
+    import triton.language as tl
+
+    unequal = []
+    for info in pkgutil.walk_packages(triton_backend.__path__, triton_backend.__name__ + "."):
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            inner = getattr(value, "value", value) if isinstance(value, tl.constexpr) else None
+            if isinstance(inner, float) and inner != inner:
+                unequal.append(f"{info.name}.{name}")
+    assert not unequal, f"constexpr globals that never equal their compile-time value: {unequal}"

@@ -45,7 +45,6 @@ from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, pro
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
-NAN = tl.constexpr(float("nan"))  # the outputs and final state of a sequence whose slot or offsets are refused
 # The widest V slice: 64 fp32 columns are two 128-byte lines per state row.
 MAX_BV = 64
 MIN_BV = 8
@@ -214,7 +213,7 @@ def _recurrent_kernel(
         wrong = (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + out_of_order
         wrong += ((slot >= 0) & (repeats > 0)).to(tl.int32)
         live = (slot >= 0) & (wrong == 0)
-        fill = tl.where(wrong > 0, NAN, 0.0)
+        fill = tl.where(wrong > 0, float("nan"), 0.0)  # a refused slot or offsets: NaN outputs
         # A padding slot (-1), a refused one and a sequence without tokens leave the pool untouched:
         # no state traffic at all for them.
         mask_k = mask_k & (as_block(live.to(tl.int64), BK) > 0) & (as_block(eos - bos, BK) > 0)
@@ -285,7 +284,7 @@ def _recurrent_kernel(
             t += 1
     if STORE_HT:
         if not USE_POOL:
-            h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, NAN)
+            h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, float("nan"))
         tl.store(ht_ptr + state_base + p_h, h.to(ht_ptr.dtype.element_ty), mask=mask_h)
 
 
