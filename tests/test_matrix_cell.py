@@ -21,6 +21,13 @@ TESTS = {
     "fails": "import pytest\n\n@pytest.mark.probe\ndef test_broken():\n    assert 1 + 1 == 3, 'arithmetic'\n",
     "hangs": "import time\nimport pytest\n\n@pytest.mark.probe\ndef test_slow():\n    time.sleep(120)\n",
 }
+# a test of each outcome, then one that never ends: what a run stopped early must still show
+TESTS["partly"] = (
+    TESTS["ok"]
+    + "\n@pytest.mark.probe\ndef test_broken():\n    assert 1 + 1 == 3, 'arithmetic'\n"
+    + "\n@pytest.mark.probe\ndef test_elsewhere():\n    pytest.skip('not on this machine')\n"
+    + "\n@pytest.mark.probe\ndef test_slow():\n    import time\n    time.sleep(120)\n"
+)
 
 
 def source_tree(tmp_path: Path, kind: str) -> Path:
@@ -79,6 +86,7 @@ def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path
     hung = run(tmp_path, "hangs", host_cell("hanging", timeout_s=12), results)
     assert hung["status"] == "timeout" and "timeout_s=12" in hung["reason"]
     assert hung["duration_s"] < 60 and hung["log_tail"]
+    assert not (results / "hanging" / "junit.xml").exists()
 
     assert {p.name: p.read_bytes() for p in (results / "good").iterdir()} == before
     assert {p.name for p in results.iterdir() if p.name.startswith(".")} <= {".locks", ".staging"}
@@ -221,3 +229,61 @@ def test_run_command_takes_a_runtime_and_refuses_one_the_cell_cannot_have(tmp_pa
         patch.setenv("GDN_HOST_ROOT", str(tmp_path / "no-gpu"))
         assert main(["run", "cuda-x", "--runtime", "host", *common]) == EXIT_NOT_RUN
     assert outcome(results, "cuda-x")["runtime"] == "host"
+
+
+def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_path):
+    """junit.xml comes only when pytest ends: a cell stopped by a signal (a CI cancel, a runner's time
+    limit) or its timeout names the tests it had finished, the failed ones first of all."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from gdn.matrix import report
+    from gdn.matrix.results import read_cell
+
+    results = tmp_path / "results"
+    source = source_tree(tmp_path, "partly")
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            from gdn.matrix.cell import run_cell
+            from gdn.matrix.config import parse_matrix
+            matrix = parse_matrix({{"schema": 1, "cells": [{host_cell("c")!r}]}})
+            run_cell(matrix, matrix.cells[0], Path({str(source)!r}), Path({str(results)!r}), echo=lambda line: None)
+            """
+        )
+    )
+    driver = subprocess.Popen([sys.executable, str(script)], env={**os.environ, "GDN_TEST_WORKERS": "2"})
+    deadline = time.monotonic() + 120
+    while len([line for f in results.glob(".staging/c/run-*/tests.jsonl") for line in f.read_text().splitlines()]) < 3:
+        assert time.monotonic() < deadline and driver.poll() is None, "the cell never finished its quick tests"
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) != 0
+
+    record = json.loads((results / "c" / "interrupted.json").read_text())
+    assert record["tests_finished"] == {"passed": 1, "failed": 1, "skipped": 1}
+    [failed] = record["tests_failed"]
+    assert failed.split(": ", 1)[0].endswith("test_x.py::test_broken") and "arithmetic" in failed
+    assert record["reason"] == (
+        "interrupted by SIGTERM: no complete run is recorded;"
+        " its tests before it stopped: 1 passed, 1 failed, 1 skipped"
+    )
+    [shown] = report.build_report(results)["cells"]
+    assert shown["status"] == "interrupted" and "(failed: " in shown["reason"] and "test_broken" in shown["reason"]
+
+    # a timeout publishes the run: its tests.jsonl stands in for the junit.xml it never wrote
+    got = run(tmp_path, "partly", host_cell("slow", timeout_s=20), results)
+    assert got["status"] == "timeout"
+    read = read_cell(results / "slow")
+    assert sorted((t.name, t.outcome) for t in read.tests) == [
+        ("test_broken", "failed"), ("test_elsewhere", "skipped"), ("test_fine", "passed")
+    ]  # fmt: skip
+    assert (
+        "junit.xml is missing: the 3 tests shown are those tests.jsonl recorded before the run ended" in read.problems
+    )

@@ -28,17 +28,18 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from gdn.matrix import devices
+from gdn.matrix import devices, outcomes
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.lock import lock_summary
+from gdn.matrix.outcomes import read_finished
 from gdn.matrix.results import INTERRUPTED
 from gdn.matrix.schema import CellLock, CellOutcome, InterruptedRun, PinDifference
 from gdn.matrix.versions import pin_differences
@@ -51,6 +52,7 @@ GRACE_S = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CONTAINER_SOURCE = Path("/src")
 CONTAINER_RESULTS = Path("/results")
+BAD = ("failed", "error")
 
 
 class CellBusyError(RuntimeError):
@@ -286,15 +288,21 @@ def _cell_locked(results_root: Path, cell: Cell, echo: Callable[[str], None], wa
         lock.release()
 
 
-def _record_interruption(outcome: CellOutcome, final: Path, log: CellLog, signum: int) -> None:
+def _record_interruption(outcome: CellOutcome, final: Path, staging: Path, log: CellLog, signum: int) -> None:
     before = "the results shown are of the last complete run" if final.exists() else "no complete run is recorded"
+    finished = read_finished(staging / outcomes.FILE)
+    counts = Counter(t.outcome for t in finished)
+    tally = ", ".join(f"{counts[o]} {o}" for o in outcomes.OUTCOMES if counts[o])
     record = InterruptedRun(
         cell=outcome.cell,
         signal=signal.Signals(signum).name,
         started_at=outcome.started_at or _now(),
         interrupted_at=_now(),
-        reason=f"interrupted by {signal.Signals(signum).name}: {before}",
+        reason=f"interrupted by {signal.Signals(signum).name}: {before}"
+        + (f"; its tests before it stopped: {tally}" if tally else ""),
         log_tail=log.text() or None,
+        tests_finished={o: counts[o] for o in outcomes.OUTCOMES if counts[o]},
+        tests_failed=[f"{t.nodeid}: {t.message}" if t.message else t.nodeid for t in finished if t.outcome in BAD],
     )
     write_json(final / INTERRUPTED, asdict(record))
 
@@ -357,7 +365,7 @@ def _run_locked(
         log.close()
         signum = exc.signum if isinstance(exc, CellInterruptedError) else signal.SIGINT
         with _signals_held():
-            _record_interruption(outcome, final, log, signum)
+            _record_interruption(outcome, final, staging, log, signum)
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, KeyboardInterrupt):
             raise CellInterruptedError(signum) from None

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from gdn.matrix import outcomes
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.results import FAMILY_MARKERS
 
@@ -37,6 +38,7 @@ def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict
 def _pytest_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
     command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
+    command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={args.out / outcomes.FILE}"]
     if importlib.util.find_spec("xdist") is not None:
         command += ["-n", os.environ.get("GDN_TEST_WORKERS", "auto")]
     return command

@@ -45,6 +45,8 @@ VERDICTS: dict[str, Verdict] = {
 }
 UNMARKED_FAMILY = "unmarked"
 FAILURES_SHOWN = 20
+# an interrupted run's failed tests named in its one-line reason
+FAILED_SHOWN = 5
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
 HTML_FAILURES_SHOWN = 200
 LOG_LINES_SHOWN = 40
@@ -159,7 +161,7 @@ def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]
     outcome = results.outcome
     if outcome is None:
         if results.interrupted is not None and not results.invalid:
-            return "interrupted", results.interrupted.reason
+            return "interrupted", results.interrupted.reason + failed_so_far(asdict(results.interrupted))
         first = problems[0] if problems else "cell.json is missing"
         return "error", f"invalid results: {first}" if first in results.invalid else first
     if results.invalid:
@@ -348,7 +350,17 @@ def interrupted_text(cell: dict[str, Any]) -> str | None:
     record = cell.get("interrupted")
     if not record:
         return None
-    return f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+    text = f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+    return text + failed_so_far(record)
+
+
+def failed_so_far(record: dict[str, Any]) -> str:
+    """The failed tests an interrupted run had finished, the first few by name."""
+    failed = record.get("tests_failed") or []
+    if not failed:
+        return ""
+    more = len(failed) - FAILED_SHOWN
+    return f" (failed: {'; '.join(failed[:FAILED_SHOWN])}{f'; and {more} more' if more > 0 else ''})"
 
 
 def expectation_text(expect: dict[str, Any]) -> str:

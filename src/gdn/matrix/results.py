@@ -8,6 +8,8 @@
     manifest.json     `python -m gdn.manifest --json` inside the cell (versions, devices, resolutions)
     resolution.json   the resolution records alone (gdn.resolutions())
     junit.xml         pytest --junitxml
+    tests.jsonl       each test's outcome as it finished (gdn.matrix.outcomes): what a run that ended early
+                      (timeout, crash) ran before it ended; read where junit.xml is missing
     bench.json        optional: {"rows": [{"op", "backend", "shape", "pass", "ms", ...}]}
     log.txt           everything the cell printed
 
@@ -21,6 +23,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdn.matrix.outcomes import FILE as OUTCOMES
+from gdn.matrix.outcomes import FinishedTest, read_finished
 from gdn.matrix.schema import (
     BenchFile,
     CellOutcome,
@@ -122,6 +126,21 @@ def read_junit(path: Path) -> list[TestCase]:
     return cases
 
 
+def test_case(test: FinishedTest) -> TestCase:
+    """A finished test as JUnit names it: tests/test_x.py::Class::test_y[p] is class tests.test_x.Class,
+    name test_y[p]."""
+    path, *scopes = test.nodeid.split("::")
+    module = path.removesuffix(".py").replace("/", ".")
+    return TestCase(
+        name=scopes[-1] if scopes else path,
+        classname=".".join([module, *scopes[:-1]]),
+        family=test.family,
+        outcome=test.outcome,
+        time_s=test.duration_s,
+        message=test.message,
+    )
+
+
 def read_cell(directory: Path) -> CellResults:
     results = CellResults(name=directory.name)
     results.outcome = _load(results, directory, "cell.json", CellOutcome)
@@ -141,6 +160,12 @@ def read_cell(directory: Path) -> CellResults:
             results.tests = read_junit(junit)
         except ValueError as exc:
             results.problems.append(str(exc))
+    elif (directory / OUTCOMES).exists():
+        results.tests = [test_case(t) for t in read_finished(directory / OUTCOMES)]
+        results.problems.append(
+            f"junit.xml is missing: the {len(results.tests)} tests shown are those {OUTCOMES} recorded"
+            " before the run ended"
+        )
     results.bench = _load(results, directory, "bench.json", BenchFile)
     return results
 

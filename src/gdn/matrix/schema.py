@@ -103,6 +103,10 @@ class InterruptedRun:
     interrupted_at: str
     reason: str
     log_tail: str | None = None
+    # the tests it finished before it was stopped (its tests.jsonl): counts by outcome, and the failed
+    # and errored ones ("nodeid: message"), since junit.xml is written only when pytest ends
+    tests_finished: dict[str, int] = field(default_factory=dict)
+    tests_failed: list[str] = field(default_factory=list)
     schema: int = CELL_SCHEMA
 
 

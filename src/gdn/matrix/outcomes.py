@@ -1,0 +1,98 @@
+"""A pytest plugin that writes each test's outcome as the test finishes, one JSON line per test.
+
+pytest writes junit.xml only when the whole session ends: a cell stopped by a signal or its timeout
+would otherwise keep no trace of the tests that ran before it, the failures included. The cell entry
+loads this plugin (`-p gdn.matrix.outcomes --gdn-outcomes results/<cell>/tests.jsonl`); the runner
+reads the file back when the run ends early. Under pytest-xdist only the controlling process writes
+(the workers' reports reach it).
+
+A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s"}.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the runner and the report read the file back without pytest
+    import pytest
+
+OPTION = "--gdn-outcomes"
+FILE = "tests.jsonl"
+MESSAGE_CHARS = 300
+OUTCOMES = ("passed", "failed", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class FinishedTest:
+    nodeid: str
+    outcome: str
+    family: str | None = None
+    message: str | None = None
+    duration_s: float = 0.0
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(OPTION, metavar="PATH", help="append each test's outcome to PATH as it finishes (JSON lines)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption(OPTION)
+    if path and not hasattr(config, "workerinput"):  # an xdist worker: its controller writes
+        config.pluginmanager.register(OutcomeWriter(Path(path)), "gdn-outcomes-writer")
+
+
+def finished(report: pytest.TestReport) -> FinishedTest | None:
+    """The test's outcome where this report settles it: its call, or a setup / teardown that did not
+    pass (an error, or a skip at setup)."""
+    if report.when == "call":
+        outcome = "skipped" if report.skipped else report.outcome
+    elif report.failed:
+        outcome = "error"
+    elif report.skipped:
+        outcome = "skipped"
+    else:
+        return None
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = getattr(crash, "message", None)
+    if message is None and isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
+        message = str(report.longrepr[-1])
+    family = dict(report.user_properties).get("family")
+    return FinishedTest(
+        nodeid=report.nodeid,
+        outcome=outcome,
+        family=family,
+        message=message[:MESSAGE_CHARS] if message else None,
+        duration_s=round(report.duration, 3),
+    )
+
+
+class OutcomeWriter:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.handle = path.open("a")
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        test = finished(report)
+        if test is not None:
+            self.handle.write(json.dumps(asdict(test)) + "\n")
+            self.handle.flush()
+
+    def pytest_unconfigure(self) -> None:
+        self.handle.close()
+
+
+def read_finished(path: Path) -> list[FinishedTest]:
+    """The tests a run finished, in the order they finished; a line that is not a finished test (the
+    last one, cut short by the end of the run) is left out."""
+    tests = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            test = FinishedTest(**json.loads(line))
+        except (ValueError, TypeError):
+            continue
+        if test.outcome in OUTCOMES:
+            tests.append(test)
+    return tests
