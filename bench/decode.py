@@ -31,6 +31,7 @@ import gdn
 from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
 from gdn.calls import PREPARE
+from gdn.resolve import compute_mode_override
 
 H, HV, K, V = 16, 32, 128, 128
 SWEEP = [(16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8)]  # (BV, num_warps)
@@ -107,10 +108,8 @@ def agreement(inputs, pool, indices) -> dict[str, dict[str, float]]:
     """One step from the same fresh pool, each implementation against gdn's eager op (fp32 math):
     ||impl - eager|| / ||eager|| for the outputs and the updated states. Run before any timing, which
     updates the pool in place."""
-    import gdn
-
     want_pool = pool.clone()
-    with gdn.resolve.compute_mode_override("eager"):
+    with compute_mode_override("eager"):
         want_o = gdn.fused_recurrent_gated_delta_rule_update(
             *inputs, want_pool, indices, use_qk_l2norm_in_kernel=True
         ).float()

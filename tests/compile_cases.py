@@ -122,6 +122,41 @@ def opcheck(name: str, device: str, gen: torch.Generator, mode: str) -> str:
         return last_route()
 
 
+def _strided(t: Any) -> Any:
+    """The same values laid out with the last two dimensions swapped in memory (a transposed view made
+    whole and transposed back), as a model's q and k arrive after a split of a transposed conv output."""
+    if not isinstance(t, torch.Tensor) or t.dim() < 2 or min(t.shape[-2:]) < 2:
+        return t
+    return t.detach().transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+def check_outputs_laid_out_as_their_fakes(name: str, device: str, gen: torch.Generator, mode: str) -> None:
+    """The forward and backward custom ops of a differentiable op, on strided inputs: every output has
+    the sizes and strides its fake implementation gives. A compiled graph (inductor) allocates and
+    checks by the fake's layout, so a real output laid out otherwise fails there."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = tuple(_strided(a) for a in op_cases(device, gen, grad=False)[name])
+    backward = getattr(torch.ops, library.NAMESPACE).__getattr__(f"{name}_backward").default
+    with compute_mode_override(mode):
+        outputs = custom_op(name)(*args)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        grads = [torch.randn(o.shape, generator=gen).to(o) for o in outputs]
+        real = {"forward": outputs, "backward": backward(*args, grads)}
+        with FakeTensorMode(allow_non_fake_inputs=False) as fake_mode:
+            fake_args = [fake_mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
+            fake_grads = [fake_mode.from_tensor(g) for g in grads]
+            fake_outputs = custom_op(name)(*fake_args)
+            fake = {
+                "forward": fake_outputs if isinstance(fake_outputs, tuple) else (fake_outputs,),
+                "backward": backward(*fake_args, fake_grads),
+            }
+    for stage in ("forward", "backward"):
+        got = [(tuple(t.shape), t.stride()) for t in real[stage]]
+        said = [(tuple(t.shape), t.stride()) for t in fake[stage]]
+        assert got == said, f"{name} {stage}: (sizes, strides) {got}, its fake says {said}"
+
+
 def _explain(fn, *args, **kwargs):
     torch._dynamo.reset()
     return torch._dynamo.explain(fn)(*args, **kwargs)

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 import gdn
-from compile_cases import Block, check_decode_step, check_training_step, decode_inputs, op_cases, opcheck
+from compile_cases import (
+    Block,
+    check_decode_step,
+    check_outputs_laid_out_as_their_fakes,
+    check_training_step,
+    decode_inputs,
+    op_cases,
+    opcheck,
+)
 from gdn import library
 
 pytestmark = pytest.mark.single_op
@@ -20,6 +28,11 @@ DEVICE = "cpu"
 @pytest.mark.parametrize("name", sorted(library.CUSTOM))
 def test_opcheck_every_custom_op(name, gen):
     assert opcheck(name, DEVICE, gen, "eager") == "eager"
+
+
+@pytest.mark.parametrize("name", sorted(op.name for op in library.OPS if op.grads))
+def test_strided_inputs_give_outputs_laid_out_as_the_fakes_say(name, gen):
+    check_outputs_laid_out_as_their_fakes(name, DEVICE, gen, "eager")
 
 
 def test_every_public_op_has_its_custom_op():

@@ -15,7 +15,14 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton")
 
-from compile_cases import Block, check_decode_step, check_training_step, decode_inputs, opcheck
+from compile_cases import (
+    Block,
+    check_decode_step,
+    check_outputs_laid_out_as_their_fakes,
+    check_training_step,
+    decode_inputs,
+    opcheck,
+)
 from gdn import library
 
 pytestmark = pytest.mark.single_op
@@ -31,8 +38,15 @@ def test_opcheck_every_custom_op(name, gen):
     assert route.startswith("triton:") or (name in FORWARD_ONLY_WITH_GRAD and route == "eager"), route
 
 
-@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+@pytest.mark.parametrize("name", sorted(op.name for op in library.OPS if op.grads))
+def test_strided_inputs_give_outputs_laid_out_as_the_fakes_say(name, gen):
+    check_outputs_laid_out_as_their_fakes(name, DEVICE, gen, "triton")
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
 def test_a_compiled_training_step_has_no_graph_break_and_equals_eager(backend, gen):
+    if backend == "inductor" and DEVICE != "cuda":
+        pytest.skip("inductor on the CPU builds C++ kernels (minutes on two cores); the layout test covers its checks")
     x = torch.randn(2, 9, 32, generator=gen).to(DEVICE)
     check_training_step(Block(gen, DEVICE), x, backend, "triton", tol=1e-5)
 

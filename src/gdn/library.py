@@ -80,7 +80,8 @@ def _empty(like: torch.Tensor) -> torch.Tensor:
 
 def _dense_output(t: torch.Tensor) -> torch.Tensor:
     """An output as the fake implementation describes it: contiguous, at the start of its storage (a
-    backend may return a slice of a larger buffer)."""
+    backend may return a slice of a larger buffer; autograd gives a strided input's gradient the
+    input's strides or its own). A compiled graph lays out and checks each output by its fake."""
     return t if t.is_contiguous() and t.storage_offset() == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
@@ -249,7 +250,7 @@ def _backward(op: LibraryOp) -> Callable:
             if values[n] is None:
                 result = _empty(inputs[0])
             else:
-                result = _unaliased(_grad_or_zeros(by_name.get(n), values[n]), seen)
+                result = _unaliased(_dense_output(_grad_or_zeros(by_name.get(n), values[n])), seen)
             seen.append(result)
             results.append(result)
         return results
@@ -288,7 +289,10 @@ def _backward_fake(op: LibraryOp) -> Callable:
     def fake(*args):
         values = dict(zip(op.names, args[:-1], strict=True))
         first = args[0]
-        return [_empty(first) if values[n] is None else torch.empty_like(values[n]) for n in op.grads]
+        return [
+            _empty(first) if values[n] is None else torch.empty_like(values[n], memory_format=torch.contiguous_format)
+            for n in op.grads
+        ]
 
     return fake
 
