@@ -52,7 +52,7 @@ def copy_ceiling_tbs() -> float:
 
 def ours(inputs, pool, indices):
     call = PREPARE[OP](*inputs, pool, indices, use_qk_l2norm_in_kernel=True)  # validated once, outside timing
-    return lambda: decode.fused_recurrent_gated_delta_rule_update(*call.args, **call.kwargs)
+    return lambda: decode.fused_recurrent_gated_delta_rule_update(call)
 
 
 def public(inputs, pool, indices):

@@ -118,7 +118,7 @@ def test_head_dims_outside_the_chain_limits_are_refused(gen, K, V):
     assert reason is not None and f"{bad} is outside its limits" in reason
     # a direct call never reaches the kernels (gdn.resolve hands a refused call to the next backend)
     with pytest.raises(ContractError, match=f"{bad} is outside its limits"):
-        make_chunk_gated_delta_rule(kernels)(*call.args, **call.kwargs)
+        make_chunk_gated_delta_rule(kernels)(call)
     assert composite.calls == []
 
 
@@ -139,7 +139,7 @@ def test_forward_saves_exactly_what_the_backward_needs(gen, composite):
     inputs = gdn_inputs(gen, B=B, T=T, H=H, HV=HV, K=K, V=V, cu=[0, 50, 150], final=False)
     args = {k: (v.requires_grad_() if k in CHUNK_GRADS else v) for k, v in inputs.items()}
     call = PREPARE[CHUNK](**args)
-    o, _ = fn(*call.args, **call.kwargs)
+    o, _ = fn(call)
     node = o.grad_fn
     while not hasattr(node, "saved_tensors"):  # past the casts to the Function's node
         node = node.next_functions[0][0]

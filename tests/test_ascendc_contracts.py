@@ -18,7 +18,7 @@ from gdn.backends.ascendc.chunk import BWD_DHU, ChunkKernels, make_chunk_gated_d
 from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
 from gdn.backends.ascendc.raw import COMPOSITE_FWD, LEGACY, RECURRENT, STABLE, RawOps
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
-from gdn.calls import PREPARE
+from gdn.calls import PREPARE, ConvCall
 from standins import legacy as legacy_ext
 from standins.support import compare_with_eager, legacy, stable, stable_ops
 
@@ -65,7 +65,7 @@ def chunk_step(ops: RawOps, *, composite: bool, cu: list[int] | None) -> None:
     leaves = {k: v.requires_grad_() for k, v in inputs.items() if k in ("q", "k", "v", "g", "beta", "initial_state")}
     fn = make_chunk_gated_delta_rule(ChunkKernels.bind(ops, ops if composite else None))
     call = PREPARE["chunk_gated_delta_rule"](**inputs)
-    o, _ = fn(*call.args, **call.kwargs)
+    o, _ = fn(call)
     o.float().square().sum().backward()
     assert all(t.grad is not None for t in leaves.values())
 
@@ -96,17 +96,19 @@ def test_conv_calls_keep_their_contracts(route: str) -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(2, 64, 20, generator=gen).requires_grad_()
     weight = torch.randn(64, 4, generator=gen).requires_grad_()
-    fn(x, weight, None, "silu", initial_states=torch.randn(2, 64, 3, generator=gen)).sum().backward()
+    fn(ConvCall(x, weight, None, "silu", initial_states=torch.randn(2, 64, 3, generator=gen))).sum().backward()
     pool = torch.randn(3, 64, 3, generator=gen)
     fn(
-        torch.randn(64, 30, generator=gen),
-        weight.detach(),
-        None,
-        "silu",
-        query_start_loc=torch.tensor([0, 12, 30], dtype=torch.int32),
-        conv_states=pool,
-        cache_indices=torch.tensor([2, 0], dtype=torch.int32),
-        has_initial_state=torch.tensor([True, False]),
+        ConvCall(
+            torch.randn(64, 30, generator=gen),
+            weight.detach(),
+            None,
+            "silu",
+            query_start_loc=torch.tensor([0, 12, 30], dtype=torch.int32),
+            conv_states=pool,
+            cache_indices=torch.tensor([2, 0], dtype=torch.int32),
+            has_initial_state=torch.tensor([True, False]),
+        )
     )
     assert violations_of(log) == []
     forward = "npu_causal_conv1d_fn" if route == STABLE else "npu_causal_conv1d"
@@ -129,7 +131,7 @@ def test_recurrent_calls_keep_their_contract() -> None:
         use_qk_l2norm_in_kernel=True,
     )
     call = PREPARE["fused_recurrent_gated_delta_rule"](**inputs)
-    decode(*call.args, **call.kwargs)
+    decode(call)
     assert violations_of(log) == []
     assert {op for op, _ in log} == {RECURRENT}
 
@@ -186,4 +188,4 @@ def test_final_state_gradient_is_refused_with_its_reason(route: str) -> None:
     reason = f"{BWD_DHU} ignores dht on this fla_npu: the final state cannot carry a gradient"
     assert refusal_of(kernels)(call) == reason
     with pytest.raises(contracts.ContractError, match="ignores dht"):
-        make_chunk_gated_delta_rule(kernels)(*call.args, **call.kwargs)
+        make_chunk_gated_delta_rule(kernels)(call)

@@ -246,7 +246,7 @@ def test_a_shape_outside_the_limits_is_served_by_the_next_backend_with_the_reaso
     assert "npu_chunk_gated_delta_rule_bwd_dhu: K = 64 is outside its limits [128]" in refused["reason"]
     assert (refused["count"], refused["served_by"]) == (2, "eager")
     call = gdn.calls.PREPARE[CHUNK](**chunk_args(64, 128))
-    expected, _ = reference(*call.args, **call.kwargs)
+    expected, _ = reference(call)
     torch.testing.assert_close(out, expected)
     # a shape inside the limits is the route's own
     gdn.chunk_gated_delta_rule(**chunk_args(128, 128))
@@ -287,7 +287,7 @@ def test_conv_and_recurrent_calls_outside_the_op_limits_are_served_by_eager(back
     backend_with(fla_npu())
     out = getattr(gdn, op)(**args)
     call = gdn.calls.PREPARE[op](**args)
-    expected = resolver.backends()["eager"].implementation(op)(*call.args, **call.kwargs)
+    expected = resolver.backends()["eager"].implementation(op)(call)
     torch.testing.assert_close(out, expected)
     [record] = [r for r in gdn.resolutions() if r["op"] == op]
     assert record["backend"] == "ascendc"

@@ -24,7 +24,7 @@ import gdn
 import gdn.backends.fla as fla_backend
 import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
-from gdn.calls import PREPARE
+from gdn.calls import PREPARE, L2NormCall
 
 pytestmark = pytest.mark.probe
 
@@ -57,7 +57,7 @@ STANDIN = {
 
         from fla.ops.common import chunk_o
         from gdn.backends.eager import EAGER
-        from gdn.calls import PREPARE
+        from gdn.calls import PREPARE, L2NormCall
 
         CALLS = []
 
@@ -80,7 +80,7 @@ STANDIN = {
                 q, k, v, g, beta=beta, scale=scale, initial_state=initial_state, output_final_state=output_final_state,
                 cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             )
-            return EAGER.ops[op](*call.args, **call.kwargs)
+            return EAGER.ops[op](call)
 
 
         def chunk_gated_delta_rule(
@@ -114,10 +114,11 @@ STANDIN_L2NORM = {
     "fla/modules/l2norm.py": '''
         """Stand-in for fla.modules.l2norm (the 0.6.0 alias of fla.modules.norm.l2norm)."""
         from gdn.backends.eager import EAGER
+        from gdn.calls import L2NormCall
 
 
         def l2norm(x, eps=1e-6, output_dtype=None):
-            return EAGER.ops["l2norm"](x, eps=eps)
+            return EAGER.ops["l2norm"](L2NormCall(x, eps))
         ''',
 }
 
@@ -179,7 +180,7 @@ def gdn_inputs(gen, *, B=1, T=24, H=2, HV=4, K=16, V=16, N=None):
 
 def eager_result(op, inputs):
     call = PREPARE[op](**inputs)
-    return EAGER.ops[op](*call.args, **call.kwargs)
+    return EAGER.ops[op](call)
 
 
 def chunk_record():
@@ -265,14 +266,14 @@ def test_bypass_lifts_the_guard_only_inside_the_block(tmp_path, monkeypatch, gen
     call = PREPARE["chunk_gated_delta_rule"](**inputs)
 
     with fla_backend.bypass_hopper_guard() as lifted:
-        out, _ = chunk(*call.args, **call.kwargs)
+        out, _ = chunk(call)
         (dq,) = torch.autograd.grad(out.sum(), inputs["q"])
     assert lifted is True
     ref_out, _ = eager_result("chunk_gated_delta_rule", inputs)
     (ref_dq,) = torch.autograd.grad(ref_out.sum(), inputs["q"])
     torch.testing.assert_close(dq, ref_dq)
 
-    out, _ = chunk(*call.args, **call.kwargs)
+    out, _ = chunk(call)
     with pytest.raises(RuntimeError, match="see #640"):
         out.sum().backward()
 
@@ -300,7 +301,7 @@ def test_adapter_passes_our_contract_to_flas_signature(tmp_path, monkeypatch, ge
     inputs = {**gdn_inputs(gen, N=3), "cu_seqlens": cu_seqlens, "scale": 0.3}
     call = PREPARE[op](**inputs)
 
-    out, state = impl(*call.args, **call.kwargs)
+    out, state = impl(call)
 
     [(name, seen)] = standin.CALLS
     assert name == op
@@ -337,7 +338,7 @@ def test_l2norm_is_offered_only_when_fla_has_it(tmp_path, monkeypatch, gen, with
     on_host()
     gdn.set_compute_mode("fla")
     x = torch.randn(6, 32, generator=gen)
-    torch.testing.assert_close(gdn.l2norm(x), EAGER.ops["l2norm"](x))
+    torch.testing.assert_close(gdn.l2norm(x), EAGER.ops["l2norm"](L2NormCall(x)))
     [record] = [r for r in gdn.resolutions() if r["op"] == "l2norm"]
     if with_l2norm:
         assert record["backend"] == "fla" and record["probe"]["passed"] is True

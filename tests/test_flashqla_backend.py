@@ -80,7 +80,7 @@ def inputs(gen, *, dtype=torch.bfloat16, B=1, T=24, H=2, HV=4, D=128, N=None, fi
 
 def eager(args):
     call = PREPARE[OP](**args)
-    return EAGER.ops[OP](*call.args, **call.kwargs)
+    return EAGER.ops[OP](call)
 
 
 def test_registered_for_cuda_after_triton_and_fla():
@@ -118,7 +118,7 @@ def test_contract_reaches_flashqlas_signature(standin, gen, int32_offsets):
     cu = torch.tensor([0, 5, 5, 24], dtype=torch.int32 if int32_offsets else torch.int64)
     args = {**inputs(gen, N=3), "cu_seqlens": cu, "scale": 0.3}
     call = PREPARE[OP](**args)
-    out, state = impl(*call.args, **call.kwargs)
+    out, state = impl(call)
     [seen] = standin.CALLS
     for name in ("q", "k", "v", "g", "beta", "initial_state"):
         assert seen[name] is args[name], name  # GVA: v keeps its HV heads

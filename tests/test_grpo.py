@@ -8,6 +8,7 @@ triton under the interpreter): a case of theirs that is not compared fails."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -149,8 +150,8 @@ def test_comparison_rejects_a_backend_with_a_small_gate_error():
     backend gets (gdn.numeric_probe's default)."""
     eager_chunk = gdn.backends.eager.EAGER.implementation("chunk_gated_delta_rule")
 
-    def skewed_chunk(q, k, v, g, beta, **contract):
-        return eager_chunk(q, k, v, g * 1.05, beta, **contract)
+    def skewed_chunk(call):
+        return eager_chunk(dataclasses.replace(call, g=call.g * 1.05))
 
     gdn.register_backend(Backend("skewed", ops={"chunk_gated_delta_rule": skewed_chunk}, needs_probe=False))
     try:

@@ -78,23 +78,23 @@ def _anchor(q):
     return 0.0 * q.sum()
 
 
-def _zeros(q, k, v, g, beta, **kwargs):
-    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
-    a = _anchor(q)
+def _zeros(call):
+    o, state = _eager_chunk(call)
+    a = _anchor(call.q)
     return torch.zeros_like(o) + a, None if state is None else torch.zeros_like(state) + a
 
 
-def _scaled(q, k, v, g, beta, **kwargs):
-    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+def _scaled(call):
+    o, state = _eager_chunk(call)
     return o * 1.01, None if state is None else state * 1.01
 
 
-def _raises(q, k, v, g, beta, **kwargs):
+def _raises(call):
     raise RuntimeError("kernel exploded: illegal memory access")
 
 
-def _nan(q, k, v, g, beta, **kwargs):
-    o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+def _nan(call):
+    o, state = _eager_chunk(call)
     return o * float("nan"), None if state is None else state * float("nan")
 
 
@@ -126,7 +126,7 @@ def make_inputs(seed=0, B=1, T=20, H=1, HV=2, K=8, V=8):
 def eager_reference(op, inputs):
     """What eager computes for these user-level arguments, bypassing resolution entirely."""
     call = PREPARE[op](**inputs)
-    return EAGER.ops[op](*call.args, **call.kwargs)
+    return EAGER.ops[op](call)
 
 
 def run_chunk(inputs=None):
@@ -342,8 +342,8 @@ def test_wrong_backend_ranked_for_another_device_is_not_tried_on_cpu():
 
 @pytest.mark.parametrize("kind", ["zeros", "nan"])
 def test_probe_names_a_bad_forward_even_without_autograd_graph(kind):
-    def detached(q, k, v, g, beta, **kwargs):
-        o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
+    def detached(call):
+        o, state = _eager_chunk(call)
         fill = 0.0 if kind == "zeros" else float("nan")
         return torch.full_like(o.detach(), fill), torch.full_like(state.detach(), fill)
 
@@ -689,11 +689,11 @@ def test_unregistering_the_selected_mode_does_not_leave_a_bare_keyerror():
 def test_forward_only_backend_serves_inference_and_leaves_training_calls_to_eager(caplog):
     calls = []
 
-    def inference_l2norm(x, eps):
-        if torch.is_grad_enabled() and x.requires_grad:
+    def inference_l2norm(call):
+        if torch.is_grad_enabled() and call.x.requires_grad:
             raise NotImplementedError("forward only")
-        calls.append(x.shape)
-        return EAGER.ops[OTHER_OP](x, eps)
+        calls.append(call.x.shape)
+        return EAGER.ops[OTHER_OP](call)
 
     backend = Backend(name="infer", ops={OTHER_OP: inference_l2norm}, forward_only=frozenset({OTHER_OP}))
     gdn.register_backend(backend)
@@ -722,7 +722,7 @@ class Refusing(Backend):
     """Refuses calls of more than 100 tokens."""
 
     def refusal(self, op, call):
-        T = call.kwargs["shapes"].T
+        T = call.shapes.T
         return f"T = {T} is past 100" if T > 100 else None
 
 
@@ -790,14 +790,14 @@ def test_probe_outside_the_limits_puts_the_refusal_on_record():
     record, and never reaches the kernel."""
 
     def refuse_small(call):
-        K = call.kwargs["shapes"].K
+        K = call.shapes.K
         return None if K == 32 else f"takes K = 32 only, got K = {K}"
 
     seen = []
 
-    def kernel(q, k, v, g, beta, **kwargs):
-        seen.append(kwargs["shapes"].K)
-        return _eager_chunk(q, k, v, g, beta, **kwargs)
+    def kernel(call):
+        seen.append(call.shapes.K)
+        return _eager_chunk(call)
 
     report = numeric_probe.probe_op(OP, kernel, CPU, refusal=refuse_small, outside_limits=(16, 16))
     assert report.passed is True
@@ -809,9 +809,9 @@ def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_i
     """Where the refusal misses a limit, the case reaches the kernel and is compared: a kernel wrong at
     that shape fails the probe instead of serving it."""
 
-    def wrong_below_32(q, k, v, g, beta, **kwargs):
-        o, state = _eager_chunk(q, k, v, g, beta, **kwargs)
-        return (o * 2, state) if kwargs["shapes"].K < 32 else (o, state)
+    def wrong_below_32(call):
+        o, state = _eager_chunk(call)
+        return (o * 2, state) if call.shapes.K < 32 else (o, state)
 
     assert numeric_probe.probe_op(OP, wrong_below_32, CPU).passed is True
     report = numeric_probe.probe_op(OP, wrong_below_32, CPU, outside_limits=(16, 16))

@@ -179,7 +179,7 @@ def _call(impl: Callable, case: Case, args: dict[str, object]) -> list[torch.Ten
     """The op's outputs followed by its in-place tensors after the call."""
     call = PREPARE[case.op](**args)
     with torch.no_grad():
-        out = impl(*call.args, **call.kwargs)
+        out = impl(call)
     outs = list(out) if isinstance(out, tuple) else [out]
     return [o for o in outs if o is not None] + [args[name] for name in case.in_place]
 

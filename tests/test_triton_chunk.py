@@ -39,7 +39,7 @@ KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, triton_l2norm)
 def triton_op(q, k, v, g, beta, **kwargs):
     """The backend entry called exactly as gdn.chunk_gated_delta_rule calls it, after validation."""
     call = PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta, **kwargs)
-    return triton_chunk.chunk_gated_delta_rule(*call.args, **call.kwargs)
+    return triton_chunk.chunk_gated_delta_rule(call)
 
 
 def make_inputs(gen, T, H, HV, K, V, *, B=1, N=None, dtype=torch.float32, with_state=True, g_dtype=torch.float32):

@@ -177,7 +177,7 @@ from gdn.calls import PREPARE
 
 def launches(op, *args, **kwargs):
     prepared = PREPARE[op](*args, **kwargs)
-    return record(conv, lambda: getattr(conv, op)(*prepared.args, **prepared.kwargs))
+    return record(conv, lambda: getattr(conv, op)(prepared))
 
 D, W = 2048, 4
 weight, bias = torch.randn(D, W, dtype=torch.bfloat16), torch.randn(D, dtype=torch.bfloat16)

@@ -45,7 +45,7 @@ def run(impl, op: str, *args, **kwargs):
     guards the values), then call one backend's implementation directly."""
     with _validate.deferred_value_checks():
         call = PREPARE[op](*args, **kwargs)
-    return impl(*call.args, **call.kwargs)
+    return impl(call)
 
 
 def triton_and_eager(op: str, *args, **kwargs):
@@ -474,7 +474,7 @@ def call(op, B, T, K=128, V=128, cu=None, **kwargs):
     if cu is not None:
         kwargs["cu_seqlens"] = torch.tensor(cu)
     prepared = PREPARE[op](q, q, v, g, beta=beta, use_qk_l2norm_in_kernel=True, **kwargs)
-    return record(decode, lambda: getattr(decode, op)(*prepared.args, **prepared.kwargs))["_recurrent_kernel"][0]
+    return record(decode, lambda: getattr(decode, op)(prepared))["_recurrent_kernel"][0]
 
 POOL = "fused_recurrent_gated_delta_rule_update"
 PLAIN = "fused_recurrent_gated_delta_rule"

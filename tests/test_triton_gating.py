@@ -80,11 +80,12 @@ def test_forward_only_refuses_inputs_that_need_gradients(gen):
 
 GATING_SCENARIO = """
 from gdn.backends.triton import gating
+from gdn.calls import GatingCall
 
 def launch(tokens):
     a = torch.randn(tokens, 32, dtype=torch.bfloat16)
     A_log, dt_bias = torch.randn(32), torch.randn(32)
-    return record(gating, lambda: gating.fused_gdn_gating(A_log, a, a, dt_bias))["_gating_kernel"][0]
+    return record(gating, lambda: gating.fused_gdn_gating(GatingCall(A_log, a, a, dt_bias)))["_gating_kernel"][0]
 
 runs = [launch(n) for n in (64, 65, 4096, 4099)]
 RESULT["usage"] = compile_sm90(runs[0])

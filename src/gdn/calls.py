@@ -1,27 +1,121 @@
 """The GDN call contract: each op's signature and the validation that turns a user's call into the
-`Call` every backend implementation takes. Layout follows flash-linear-attention: q, k [B, T, H, K];
-v [B, T, HV, V] with HV a multiple of H; g (log-space decay) and beta [B, T, HV]; states
+typed call every backend implementation takes (one dataclass per op family: GdnCall, PoolDecodeCall,
+ConvCall, ConvUpdateCall, L2NormCall, GatingCall). Layout follows flash-linear-attention: q, k
+[B, T, H, K]; v [B, T, HV, V] with HV a multiple of H; g (log-space decay) and beta [B, T, HV]; states
 [N, HV, K, V] in fp32. The public ops (gdn.ops) run these, then the backend gdn.resolve chose."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
 from gdn import _validate as check
+from gdn._validate import GdnShapes
 
 
-@dataclass
 class Call:
-    """A validated call, in the form every backend implementation takes."""
+    """A validated call, as every backend implementation of its op takes it. Built once per user call
+    and not changed afterwards (plain slots, not frozen: a decode step builds one per token)."""
 
-    device: torch.device
-    args: tuple
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    __slots__ = ()
+
+    @property
+    def device(self) -> torch.device:
+        return getattr(self, _field_names(type(self))[0]).device
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        for name in _field_names(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, torch.Tensor):
+                yield value
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@dataclass(slots=True)
+class _Tokens(Call):
+    """What the gated-delta ops share: the token tensors, their validated shapes and the scale."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    shapes: GdnShapes
+    scale: float
+
+
+@dataclass(slots=True)
+class GdnCall(_Tokens):
+    """chunk_gated_delta_rule and fused_recurrent_gated_delta_rule."""
+
+    initial_state: torch.Tensor | None = None
+    output_final_state: bool = False
+    cu_seqlens: torch.Tensor | None = None
+    use_qk_l2norm_in_kernel: bool = False
+
+
+@dataclass(slots=True)
+class PoolDecodeCall(_Tokens):
+    """fused_recurrent_gated_delta_rule_update: sequence n reads and writes ssm_pool[ssm_indices[n]]."""
+
+    ssm_pool: torch.Tensor
+    ssm_indices: torch.Tensor
+    cu_seqlens: torch.Tensor | None = None
+    use_qk_l2norm_in_kernel: bool = False
+
+
+@dataclass(slots=True)
+class ConvCall(Call):
+    """causal_conv1d_fn, dense (x [B, D, T]) or varlen (x [D, total_T] with query_start_loc)."""
+
+    x: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    activation: str | None = None
+    seq_idx: torch.Tensor | None = None
+    initial_states: torch.Tensor | None = None
+    return_final_states: bool = False
+    query_start_loc: torch.Tensor | None = None
+    conv_states: torch.Tensor | None = None
+    cache_indices: torch.Tensor | None = None
+    has_initial_state: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class ConvUpdateCall(Call):
+    """causal_conv1d_update: conv_state rows (picked by conv_state_indices) updated in place."""
+
+    x: torch.Tensor
+    conv_state: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    activation: str | None = None
+    conv_state_indices: torch.Tensor | None = None
+
+
+@dataclass(slots=True)
+class L2NormCall(Call):
+    x: torch.Tensor
+    eps: float = 1e-6
+
+
+@dataclass(slots=True)
+class GatingCall(Call):
+    """fused_gdn_gating's four inputs."""
+
+    A_log: torch.Tensor
+    a: torch.Tensor
+    b: torch.Tensor
+    dt_bias: torch.Tensor
 
 
 PREPARE: dict[str, Callable[..., Call]] = {}
@@ -80,21 +174,15 @@ def _refuse_fla_features(
 
 def _gdn_call(
     op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
-) -> Call:
+) -> GdnCall:
     """The shared contract of the chunk and recurrent ops, validated."""
     shapes, scale = check.check_gdn_inputs(
         op, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
     )
     check.Checker(op).flag("output_final_state", output_final_state)
-    kwargs = dict(
-        shapes=shapes,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
-        cu_seqlens=_dense(cu_seqlens),
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+    return GdnCall(
+        q, k, v, g, beta, shapes, scale, initial_state, output_final_state, _dense(cu_seqlens), use_qk_l2norm_in_kernel
     )
-    return Call(q.device, (q, k, v, g, beta), kwargs)
 
 
 @_op
@@ -220,17 +308,8 @@ def fused_recurrent_gated_delta_rule_update(
         cu_seqlens,
         use_qk_l2norm_in_kernel,
     )
-    return Call(
-        q.device,
-        (q, k, v, g, beta),
-        dict(
-            shapes=shapes,
-            scale=scale,
-            ssm_pool=ssm_pool,
-            ssm_indices=_dense(ssm_indices),
-            cu_seqlens=_dense(cu_seqlens),
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        ),
+    return PoolDecodeCall(
+        q, k, v, g, beta, shapes, scale, ssm_pool, _dense(ssm_indices), _dense(cu_seqlens), use_qk_l2norm_in_kernel
     )
 
 
@@ -274,18 +353,18 @@ def causal_conv1d_fn(
         cache_indices,
         has_initial_state,
     )
-    return Call(
-        x.device,
-        (x, _dense(weight), _dense(bias), activation),
-        dict(
-            seq_idx=_dense(seq_idx),
-            initial_states=initial_states,
-            return_final_states=return_final_states,
-            query_start_loc=_dense(query_start_loc),
-            conv_states=conv_states,
-            cache_indices=_dense(cache_indices),
-            has_initial_state=_dense(has_initial_state),
-        ),
+    return ConvCall(
+        x,
+        _dense(weight),
+        _dense(bias),
+        activation,
+        seq_idx=_dense(seq_idx),
+        initial_states=initial_states,
+        return_final_states=return_final_states,
+        query_start_loc=_dense(query_start_loc),
+        conv_states=conv_states,
+        cache_indices=_dense(cache_indices),
+        has_initial_state=_dense(has_initial_state),
     )
 
 
@@ -308,22 +387,18 @@ def causal_conv1d_update(
         "cache_seqlens", cache_seqlens, None, "a circular conv-state buffer"
     )
     check.check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices)
-    return Call(
-        x.device,
-        (x, conv_state, _dense(weight), _dense(bias), activation),
-        dict(conv_state_indices=_dense(conv_state_indices)),
-    )
+    return ConvUpdateCall(x, conv_state, _dense(weight), _dense(bias), activation, _dense(conv_state_indices))
 
 
 @_op
 def l2norm(x, eps=1e-6):
     """x / sqrt(sum(x^2, -1) + eps), computed in fp32, returned in x's dtype."""
     check.check_l2norm_inputs(x, eps)
-    return Call(x.device, (x,), dict(eps=float(eps)))
+    return L2NormCall(x, float(eps))
 
 
 @_op
 def fused_gdn_gating(A_log, a, b, dt_bias):
     """g = -exp(A_log) * softplus(a + dt_bias) (fp32) and beta = sigmoid(b) (b's dtype)."""
     check.check_gating_inputs(A_log, a, b, dt_bias)
-    return Call(a.device, (_dense(A_log), a, b, _dense(dt_bias)))
+    return GatingCall(_dense(A_log), a, b, _dense(dt_bias))

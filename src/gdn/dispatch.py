@@ -15,4 +15,4 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         call = PREPARE[name](*args, **kwargs)
     backend, fn = for_call(resolve(name, call.device), call)
     check.run_value_checks(value_checks, kernel_guards=name in backends()[backend].guards_values)
-    return fn(*call.args, **call.kwargs)
+    return fn(call)

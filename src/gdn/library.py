@@ -102,7 +102,7 @@ def _validated(op: str, values: dict[str, Any]):
 
 def _gdn_fake(op: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor, ...]]:
     def fake(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        shapes = _validated(op, values).kwargs["shapes"]
+        shapes = _validated(op, values).shapes
         v = values["v"]
         o = v.new_empty(shapes.B, shapes.T, shapes.HV, shapes.V)
         if not values["output_final_state"]:

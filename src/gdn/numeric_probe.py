@@ -177,7 +177,7 @@ def _arguments(case: Case, device: torch.device) -> dict[str, Any]:
 def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[str, torch.Tensor]:
     args = _arguments(case, device)
     call = PREPARE[op](**args)
-    outputs = [t for t in _outputs(fn(*call.args, **call.kwargs)) if t is not None]
+    outputs = [t for t in _outputs(fn(call)) if t is not None]
     collected = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
     for name in ("ssm_pool", "conv_states", "conv_state"):
         if name in args:

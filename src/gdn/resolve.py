@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from gdn.backends.base import Backend
+from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
 
 log = logging.getLogger("gdn")
@@ -248,10 +249,8 @@ _training_fallbacks: set[tuple[str, str, str]] = set()
 _last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_last_route", default=None)
 
 
-def _needs_grad(call: Any) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in (*call.args, *call.kwargs.values()))
+def _needs_grad(call: Call) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors())
 
 
 def _refused(res: Resolution, reason: str) -> Resolution:
@@ -273,7 +272,7 @@ def _refused(res: Resolution, reason: str) -> Resolution:
     return res.fallback
 
 
-def for_call(res: Resolution, call: Any) -> tuple[str, Callable]:
+def for_call(res: Resolution, call: Call) -> tuple[str, Callable]:
     """The backend and implementation for one validated call (gdn.calls.Call): the resolved one; the
     next candidate's when the backend refuses the call; eager when the call needs gradients and the
     backend serves the op forward only (logged once per op, device and backend)."""

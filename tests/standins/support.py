@@ -60,7 +60,7 @@ def run_op(op: str, fn: Callable, inputs: dict[str, Any], grads: tuple[str, ...]
     taking the validated call, as backends do) on fresh copies of `inputs`."""
     args = {k: (v.clone().requires_grad_(k in grads) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
     call = PREPARE[op](**args)
-    result = fn(*call.args, **call.kwargs)
+    result = fn(call)
     outputs = [t for t in (result if isinstance(result, tuple) else (result,)) if t is not None]
     named = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
     named |= {name: args[name].detach() for name in ("conv_states", "ssm_pool") if name in args}

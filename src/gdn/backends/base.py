@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gdn.calls import Call
 
 OpTable = Mapping[str, Callable]
 
@@ -77,7 +80,7 @@ class Backend:
         """Why this backend has no implementation of op (None: it simply does not serve it)."""
         return None
 
-    def refusal(self, op: str, call: Any) -> str | None:
+    def refusal(self, op: str, call: Call) -> str | None:
         """Why this backend cannot take one validated call (gdn.calls.Call) of an op it serves: the
         resolver hands such a call to the next candidate. None: it takes the call."""
         return None

@@ -23,8 +23,8 @@ from collections.abc import Iterator
 
 import torch
 
-from gdn._validate import GdnShapes
 from gdn.backends.base import Backend, OpTable
+from gdn.calls import GdnCall, L2NormCall
 
 NAME = "fla"
 # The probe runs fp32 inputs. Most of fla's tl.dot calls keep Triton's default TF32 (operands rounded to
@@ -44,11 +44,11 @@ def _load() -> OpTable:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
 
-    def chunk_gated_delta_rule(q, k, v, g, beta, **contract):
-        return fla_chunk(q, k, v, **_fla_kwargs(g, beta, **contract))
+    def chunk_gated_delta_rule(call: GdnCall):
+        return fla_chunk(call.q, call.k, call.v, **_fla_kwargs(call))
 
-    def fused_recurrent_gated_delta_rule(q, k, v, g, beta, **contract):
-        return fla_recurrent(q, k, v, **_fla_kwargs(g, beta, **contract))
+    def fused_recurrent_gated_delta_rule(call: GdnCall):
+        return fla_recurrent(call.q, call.k, call.v, **_fla_kwargs(call))
 
     ops: dict = {
         "chunk_gated_delta_rule": chunk_gated_delta_rule,
@@ -60,35 +60,25 @@ def _load() -> OpTable:
         pass  # older or trimmed fla builds: the op is simply not offered
     else:
 
-        def l2norm(x: torch.Tensor, *, eps: float) -> torch.Tensor:
-            return fla_l2norm(x, eps=eps)
+        def l2norm(call: L2NormCall) -> torch.Tensor:
+            return fla_l2norm(call.x, eps=call.eps)
 
         ops["l2norm"] = l2norm
     return ops
 
 
-def _fla_kwargs(
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    cu_seqlens: torch.Tensor | None,
-    use_qk_l2norm_in_kernel: bool,
-) -> dict:
-    """Our validated call contract as fla's keyword arguments (shapes need no translation: fla reads
+def _fla_kwargs(call: GdnCall) -> dict:
+    """Our validated call as fla's keyword arguments after v (shapes need no translation: fla reads
     them off the tensors, and GdnShapes already checked they agree)."""
     return dict(
-        g=g,
-        beta=beta,
-        scale=scale,
-        initial_state=initial_state,
-        output_final_state=output_final_state,
+        g=call.g,
+        beta=call.beta,
+        scale=call.scale,
+        initial_state=call.initial_state,
+        output_final_state=call.output_final_state,
         # fla declares LongTensor; our contract also admits int32.
-        cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.long(),
+        use_qk_l2norm_in_kernel=call.use_qk_l2norm_in_kernel,
     )
 
 

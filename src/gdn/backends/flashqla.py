@@ -16,12 +16,10 @@ counts the reason in the op's record; under GDN_STRICT=1 the refusal raises GdnB
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from gdn._validate import GdnShapes
 from gdn.backends.base import Backend, OpTable
+from gdn.calls import GdnCall
 
 NAME = "flashqla"
 OP = "chunk_gated_delta_rule"
@@ -39,8 +37,9 @@ def _version() -> str:
     return getattr(flash_qla, "__version__", "unknown")
 
 
-def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes: GdnShapes) -> str | None:
+def refusal(call: GdnCall) -> str | None:
     """Why FlashQLA cannot take this (validated) call, or None."""
+    q, k, v, shapes = call.q, call.k, call.v, call.shapes
     if q.dtype not in DTYPES or not q.dtype == k.dtype == v.dtype:
         return f"FlashQLA takes q, k, v all bfloat16 or all float16, got {q.dtype}, {k.dtype}, {v.dtype}"
     if shapes.K != HEAD_DIM or shapes.V != HEAD_DIM:
@@ -51,41 +50,27 @@ def refusal(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, shapes: GdnShapes
 def _load() -> OpTable:
     import flash_qla
 
-    def chunk_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        shapes: GdnShapes,
-        scale: float,
-        initial_state: torch.Tensor | None,
-        output_final_state: bool,
-        cu_seqlens: torch.Tensor | None,
-        use_qk_l2norm_in_kernel: bool,
-    ):
+    def chunk_gated_delta_rule(call: GdnCall):
         return flash_qla.chunk_gated_delta_rule(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            scale=scale,
-            initial_state=initial_state,
-            output_final_state=output_final_state,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            call.q,
+            call.k,
+            call.v,
+            call.g,
+            call.beta,
+            scale=call.scale,
+            initial_state=call.initial_state,
+            output_final_state=call.output_final_state,
+            use_qk_l2norm_in_kernel=call.use_qk_l2norm_in_kernel,
             # FlashQLA declares LongTensor; our contract also admits int32.
-            cu_seqlens=None if cu_seqlens is None else cu_seqlens.long(),
+            cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.long(),
         )
 
     return {OP: chunk_gated_delta_rule}
 
 
 class FlashQLABackend(Backend):
-    def refusal(self, op: str, call: Any) -> str | None:
-        q, k, v = call.args[:3]
-        return refusal(q, k, v, call.kwargs["shapes"])
+    def refusal(self, op: str, call: GdnCall) -> str | None:
+        return refusal(call)
 
     def why_op_unavailable(self, op: str) -> str | None:
         return f"FlashQLA has chunked prefill kernels only (no {op})"

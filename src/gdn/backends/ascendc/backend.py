@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import routes
 from gdn.backends.base import Backend, OpTable
+from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
 
 NAME = "ascendc"
@@ -60,7 +60,7 @@ class AscendcBackend(Backend):
         entry = routes.plan().ops.get(op)
         return None if entry is None else entry.reason
 
-    def refusal(self, op: str, call: Any) -> str | None:
+    def refusal(self, op: str, call: Call) -> str | None:
         entry = routes.plan().ops.get(op)
         return None if entry is None or entry.refusal is None else entry.refusal(call)
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -23,6 +22,7 @@ from gdn.backends.ascendc.knobs import kernel_dtype
 from gdn.backends.ascendc.layout import CHUNK, Sequences, sequences
 from gdn.backends.ascendc.raw import CHUNK_OPS, COMPOSITE_FWD, RawOps
 from gdn.backends.eager.gated_delta import l2norm_fp32
+from gdn.calls import GdnCall
 
 OP = "chunk_gated_delta_rule"
 FWD_H = "npu_chunk_gated_delta_rule_fwd_h"
@@ -76,7 +76,7 @@ class ChunkKernels:
 
 
 @dataclass(frozen=True)
-class _Call:
+class _Run:
     kernels: ChunkKernels
     seqs: Sequences
     scale: float
@@ -96,40 +96,40 @@ def _head_first(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).contiguous()
 
 
-def _initial_state_grad(call: _Call, q, k, w, g, do, dh, dv2) -> torch.Tensor:
+def _initial_state_grad(run: _Run, q, k, w, g, do, dh, dv2) -> torch.Tensor:
     """dh0 in torch: bwd_dhu leaves it uninitialised (it reads neither h0 nor dht before fla_npu
     #312), but the gradient entering each sequence's first chunk follows from that chunk alone:
     dh0 = exp(g_last) dh + scale (q exp(g))^T do - w^T dv2, with dh the gradient leaving the chunk."""
-    dh = contracts.permute(dh, call.kernels.dh_axes, STATE_AXES)
+    dh = contracts.permute(dh, run.kernels.dh_axes, STATE_AXES)
     group = g.shape[1] // q.shape[1]
     grads = []
-    for row, index, start, length in call.seqs.first_chunks():
+    for row, index, start, length in run.seqs.first_chunks():
         span = slice(start, start + length)
         gc = g[row, :, span]
         qc = q[row, :, span].float().repeat_interleave(group, 0) * gc.exp().unsqueeze(-1)
         grads.append(
             dh[row, :, index].float() * gc[:, -1].exp()[:, None, None]
-            + call.scale * qc.transpose(-1, -2) @ do[row, :, span].float()
+            + run.scale * qc.transpose(-1, -2) @ do[row, :, span].float()
             - w[row, :, span].float().transpose(-1, -2) @ dv2[row, :, span].float()
         )
     return torch.stack(grads)
 
 
-def _backward(call: _Call, q, k, v, g, beta, A, h0, do):
+def _backward(run: _Run, q, k, v, g, beta, A, h0, do):
     """Head-first saved tensors -> token-major (dq, dk, dv, dg, dbeta, dh0)."""
-    kernels, lists, scale = call.kernels, call.seqs.host_lists(), call.scale
+    kernels, lists, scale = run.kernels, run.seqs.host_lists(), run.scale
     do = _head_first(do.to(v.dtype))
     w, h, v_new, _ = _forward_chain(kernels, lists, k, v, g, beta, A, h0, want_final=False)
     dv = kernels.bwd_dv_local(q, k, do, g, scale, CHUNK, A=A, **lists)
     # h0 and dht are not passed: the kernel would read neither (see _initial_state_grad)
     dh, _, dv = kernels.bwd_dhu(q, k, w, do, dv, scale, CHUNK, g=g, **lists)
-    dh0 = None if h0 is None else _initial_state_grad(call, q, k, w, g, do, dh, dv)
+    dh0 = None if h0 is None else _initial_state_grad(run, q, k, w, g, do, dh, dv)
     dq, dk, dw, dg = kernels.bwd_dqkwg(q, k, v_new, g, h, do, dh, dv, CHUNK, scale=scale, **lists)
     dA = kernels.wy_bwd_da(k, v, beta, A, dw, dv, g, chunk_size=CHUNK, **lists)
     dk_wy, dv, dbeta, dg_wy = kernels.wy_bwd_full(k, v, beta, A, dA, dw, dv, g, CHUNK, **lists)
     dk = (dk.float() + dk_wy.float()).to(k.dtype)
     dg = (dg.float() + dg_wy.float()).transpose(1, 2)  # gradient of the cumulated gate, token-major
-    slots, chunks = call.seqs.chunk_slots(dg.device)
+    slots, chunks = run.seqs.chunk_slots(dg.device)
     dg = chunk_prep.reverse_local_cumsum(dg.reshape(-1, dg.shape[-1]), slots, chunks).view_as(dg)
     grads = (dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), dg, dbeta.float().transpose(1, 2))
     return (*grads, None if h0 is None else dh0.to(h0.dtype))
@@ -137,8 +137,8 @@ def _backward(call: _Call, q, k, v, g, beta, A, h0, do):
 
 class _Decomposed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, call: _Call):
-        seqs = call.seqs
+    def forward(ctx, q, k, v, g, beta, h0, run: _Run):
+        seqs = run.seqs
         slots, chunks = seqs.chunk_slots(q.device)
         B, T, HV = g.shape
         g_cum = chunk_prep.local_cumsum(g.reshape(B * T, HV), slots, chunks)
@@ -147,34 +147,34 @@ class _Decomposed(torch.autograd.Function):
         q, k, v = _head_first(q), _head_first(k), _head_first(v)
         g_cum, beta = _head_first(g_cum.view(B, T, HV)), _head_first(beta)
         lists = seqs.host_lists()
-        _, h, v_new, final = _forward_chain(call.kernels, lists, k, v, g_cum, beta, A, h0, call.want_final)
-        o = call.kernels.fwd_o(q, k, v_new, h, call.scale, g=g_cum, chunk_size=CHUNK, **lists)
+        _, h, v_new, final = _forward_chain(run.kernels, lists, k, v, g_cum, beta, A, h0, run.want_final)
+        o = run.kernels.fwd_o(q, k, v_new, h, run.scale, g=g_cum, chunk_size=CHUNK, **lists)
         ctx.save_for_backward(q, k, v, g_cum, beta, A, h0)
-        ctx.call = call
-        return o.transpose(1, 2), final if call.want_final else None
+        ctx.run = run
+        return o.transpose(1, 2), final if run.want_final else None
 
     @staticmethod
     def backward(ctx, do, _dfinal):
         # a final state that needs a gradient never reaches this route (ChunkKernels.refusal)
-        grads = _backward(ctx.call, *ctx.saved_tensors, do)
+        grads = _backward(ctx.run, *ctx.saved_tensors, do)
         return (*grads, None)
 
 
 class _Composite(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, beta, h0, call: _Call):
+    def forward(ctx, q, k, v, g, beta, h0, run: _Run):
         # layout-native means dense BSND: callers' views (a transpose upstream) are laid out first
         q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-        outputs = call.kernels.composite(
+        outputs = run.kernels.composite(
             q,
             k,
             v,
             g,
             beta,
             initial_state=h0,
-            output_final_state=call.want_final,
+            output_final_state=run.want_final,
             chunk_size=CHUNK,
-            scale=call.scale,
+            scale=run.scale,
             layout="BSND",
             use_exp2=False,
             use_qk_l2norm_in_kernel=False,
@@ -183,7 +183,7 @@ class _Composite(torch.autograd.Function):
             disable_recompute=True,
             return_intermediate_states=False,
             state_v_first=False,
-            **call.seqs.host_lists(),
+            **run.seqs.host_lists(),
         )
         o, final, g_cum, A = outputs[:4]
         if g_cum is None or A is None:
@@ -192,55 +192,41 @@ class _Composite(torch.autograd.Function):
                 "composite contract differs from the 26.10 one the adapter follows; set GDN_NPU_FUSED_FWD=0"
             )
         ctx.save_for_backward(q, k, v, g_cum, beta, A, h0)
-        ctx.call = call
-        return o, final if call.want_final else None
+        ctx.run = run
+        return o, final if run.want_final else None
 
     @staticmethod
     def backward(ctx, do, _dfinal):
         q, k, v, g_cum, beta, A, h0 = ctx.saved_tensors
         heads = (_head_first(x) for x in (q, k, v, g_cum, beta))
-        grads = _backward(ctx.call, *heads, A, h0, do)
+        grads = _backward(ctx.run, *heads, A, h0, do)
         return (*grads, None)
 
 
-def _final_needs_grad(output_final_state: bool, *tensors: torch.Tensor | None) -> bool:
-    return output_final_state and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _final_needs_grad(call: GdnCall) -> bool:
+    return call.output_final_state and torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors())
 
 
-def refusal_of(kernels: ChunkKernels) -> Callable[[Any], str | None]:
-    """Why the route cannot take one validated call (gdn.calls.Call) of the chunk op, or None."""
+def refusal_of(kernels: ChunkKernels) -> Callable[[GdnCall], str | None]:
+    """Why the route cannot take one validated call of the chunk op, or None."""
 
-    def refusal(call: Any) -> str | None:
-        kw = call.kwargs
-        return kernels.refusal(
-            kw["shapes"], _final_needs_grad(kw["output_final_state"], *call.args, kw["initial_state"])
-        )
+    def refusal(call: GdnCall) -> str | None:
+        return kernels.refusal(call.shapes, _final_needs_grad(call))
 
     return refusal
 
 
 def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
-    def chunk_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        shapes: GdnShapes,
-        scale: float,
-        initial_state,
-        output_final_state: bool,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel: bool,
-    ):
-        reason = kernels.refusal(shapes, _final_needs_grad(output_final_state, q, k, v, g, beta, initial_state))
+    def chunk_gated_delta_rule(call: GdnCall):
+        q, k, v, g, beta, shapes = call.q, call.k, call.v, call.g, call.beta, call.shapes
+        initial_state, output_final_state = call.initial_state, call.output_final_state
+        reason = kernels.refusal(shapes, _final_needs_grad(call))
         if reason is not None:
             # gdn.resolve hands such calls to the next backend (refusal_of below): only a direct call
             # gets here, and it must not silently lose a gradient or reach a kernel outside its limits
             raise contracts.ContractError(f"{OP}: the ascendc chunk route cannot take this call: {reason}")
-        seqs = sequences(shapes.B, shapes.T, cu_seqlens)
-        if use_qk_l2norm_in_kernel:
+        seqs = sequences(shapes.B, shapes.T, call.cu_seqlens)
+        if call.use_qk_l2norm_in_kernel:
             q, k = l2norm_fp32(q), l2norm_fp32(k)
         dtype = kernel_dtype(v.dtype)
         h0 = None
@@ -250,9 +236,9 @@ def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
                 h0 = h0.index_select(0, seqs.kept_index(h0.device))
         elif output_final_state and kernels.final_needs_state:
             h0 = q.new_zeros(len(seqs.kept), shapes.HV, shapes.K, shapes.V, dtype=torch.float32)
-        call = _Call(kernels, seqs, scale, output_final_state)
+        run = _Run(kernels, seqs, call.scale, output_final_state)
         function = _Composite if kernels.composite is not None else _Decomposed
-        o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.float(), h0, call)
+        o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.float(), h0, run)
         o = o.to(v.dtype)
         if not output_final_state or not seqs.drops_any:
             return o, final

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from gdn.backends.ascendc.knobs import kernel_dtype
 from gdn.backends.ascendc.raw import CONV_BWD, CONV_FN, CONV_RAW, LEGACY, RawOps
+from gdn.calls import ConvCall
 
 PAD_SLOT_ID = -1
 
@@ -108,7 +109,7 @@ class ConvKernels:
 
 
 @dataclass(frozen=True)
-class _Call:
+class _Run:
     kernels: ConvKernels
     bounds: list[int]
 
@@ -118,7 +119,7 @@ class _Conv(torch.autograd.Function):
     sequences' final states); differentiable in x, weight, bias and history."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, history, call: _Call):
+    def forward(ctx, x, weight, bias, history, call: _Run):
         states = history.clone()
         y = call.kernels.forward(x, weight, bias, states, call.bounds)
         ctx.save_for_backward(x, weight, history)
@@ -145,12 +146,13 @@ def _bounds(lengths: list[int]) -> list[int]:
     return bounds
 
 
-def _dense(kernels, x, weight, bias, activation, seq_idx, initial_states, return_final_states):
+def _dense(kernels: ConvKernels, call: ConvCall):
+    x, weight, bias, activation, initial_states = call.x, call.weight, call.bias, call.activation, call.initial_states
     B, D, T = x.shape
     width = weight.shape[1]
     dtype = kernel_dtype(x.dtype)
     lengths, firsts = [], []
-    for row in seq_idx.tolist() if seq_idx is not None else [[0] * T] * B:
+    for row in call.seq_idx.tolist() if call.seq_idx is not None else [[0] * T] * B:
         firsts.append(len(lengths))
         cuts = [t for t in range(1, T) if row[t] != row[t - 1]]
         lengths += [b - a for a, b in itertools.pairwise([0, *cuts, T])]
@@ -162,24 +164,25 @@ def _dense(kernels, x, weight, bias, activation, seq_idx, initial_states, return
     tokens = x.transpose(1, 2).reshape(B * T, D).to(dtype)
     w = weight.t().to(dtype).contiguous()
     b = None if bias is None else bias.to(dtype)
-    y, _ = _Conv.apply(tokens, w, b, history, _Call(kernels, _bounds(lengths)))
+    y, _ = _Conv.apply(tokens, w, b, history, _Run(kernels, _bounds(lengths)))
     out = _activate(y, activation).view(B, T, D).transpose(1, 2).to(x.dtype)
-    if not return_final_states:
+    if not call.return_final_states:
         return out
     start = initial_states.float() if initial_states is not None else x.new_zeros(B, D, width - 1, dtype=torch.float32)
     extended = torch.cat([start, x.float()], dim=-1)
     return out, extended[..., extended.shape[-1] - (width - 1) :].to(x.dtype)
 
 
-def _varlen(kernels, x, weight, bias, activation, query_start_loc, conv_states, cache_indices, has_initial_state):
+def _varlen(kernels: ConvKernels, call: ConvCall):
+    x, weight, bias, activation, conv_states = call.x, call.weight, call.bias, call.activation, call.conv_states
     D, _tokens = x.shape
     width = weight.shape[1]
     dtype = kernel_dtype(x.dtype)
-    bounds = query_start_loc.tolist()
+    bounds = call.query_start_loc.tolist()
     count = len(bounds) - 1
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
-    slots = list(range(count)) if cache_indices is None else cache_indices.tolist()
-    wants = [False] * count if has_initial_state is None else has_initial_state.tolist()
+    slots = list(range(count)) if call.cache_indices is None else call.cache_indices.tolist()
+    wants = [False] * count if call.has_initial_state is None else call.has_initial_state.tolist()
     history = x.new_zeros(count, width - 1, D, dtype=dtype)
     read = [n for n in range(count) if conv_states is not None and wants[n] and slots[n] >= 0]
     if read:
@@ -191,7 +194,7 @@ def _varlen(kernels, x, weight, bias, activation, query_start_loc, conv_states, 
         weight.t().to(dtype).contiguous(),
         None if bias is None else bias.to(dtype),
         history[kept],
-        _Call(kernels, _bounds([lengths[n] for n in kept])),
+        _Run(kernels, _bounds([lengths[n] for n in kept])),
     )
     out = _activate(y, activation).t().to(x.dtype)
     write = [n for n in range(count) if slots[n] >= 0]
@@ -205,24 +208,7 @@ def _varlen(kernels, x, weight, bias, activation, query_start_loc, conv_states, 
 
 
 def make_causal_conv1d_fn(kernels: ConvKernels) -> Callable:
-    def causal_conv1d_fn(
-        x,
-        weight,
-        bias=None,
-        activation=None,
-        *,
-        seq_idx=None,
-        initial_states=None,
-        return_final_states=False,
-        query_start_loc=None,
-        conv_states=None,
-        cache_indices=None,
-        has_initial_state=None,
-    ):
-        if query_start_loc is None:
-            return _dense(kernels, x, weight, bias, activation, seq_idx, initial_states, return_final_states)
-        return _varlen(
-            kernels, x, weight, bias, activation, query_start_loc, conv_states, cache_indices, has_initial_state
-        )
+    def causal_conv1d_fn(call: ConvCall):
+        return _dense(kernels, call) if call.query_start_loc is None else _varlen(kernels, call)
 
     return causal_conv1d_fn

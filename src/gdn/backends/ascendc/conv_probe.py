@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn.backends.base import describe_error
+from gdn.calls import ConvCall
 
 THRESHOLD = 0.15  # relative error, forward and backward (xtuner's bf16 threshold)
 D, W = 64, 4
@@ -36,7 +37,7 @@ def _leaves(*tensors: torch.Tensor) -> list[torch.Tensor]:
 
 def _dense_case(fn: Callable, x, weight, bias, history, gen: torch.Generator) -> dict[str, tuple]:
     ours = _leaves(x, weight, bias, history)
-    out = fn(*ours[:3], "silu", initial_states=ours[3])
+    out = fn(ConvCall(*ours[:3], "silu", initial_states=ours[3]))
     ref = _leaves(*(t.float() for t in (x, weight, bias, history)))
     expected = _reference(ref[0], ref[1], ref[2], ref[3])
     upstream = torch.randn(expected.shape, generator=gen).to(expected.device)
@@ -54,14 +55,16 @@ def _varlen_case(fn: Callable, x, weight, bias, pool) -> dict[str, tuple]:
     device = x.device
     states = pool.clone()
     out = fn(
-        x,
-        weight,
-        bias,
-        "silu",
-        query_start_loc=torch.tensor(bounds, dtype=torch.int32, device=device),
-        conv_states=states,
-        cache_indices=torch.tensor([1, 0], dtype=torch.int32, device=device),
-        has_initial_state=torch.tensor([True, False], device=device),
+        ConvCall(
+            x,
+            weight,
+            bias,
+            "silu",
+            query_start_loc=torch.tensor(bounds, dtype=torch.int32, device=device),
+            conv_states=states,
+            cache_indices=torch.tensor([1, 0], dtype=torch.int32, device=device),
+            has_initial_state=torch.tensor([True, False], device=device),
+        )
     )
     histories = [pool[1].float(), torch.zeros_like(pool[0], dtype=torch.float32)]
     spans = list(itertools.pairwise(bounds))

@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from gdn._validate import GdnShapes
 from gdn.backends.ascendc.layout import sequences
 from gdn.backends.eager.gated_delta import l2norm_fp32
+from gdn.calls import GdnCall, PoolDecodeCall
 
 OP = "npu_recurrent_gated_delta_rule"
 
@@ -61,22 +61,11 @@ def _tokens(x: torch.Tensor) -> torch.Tensor:
 
 
 def make_recurrent_ops(kernel: Callable) -> dict[str, Callable]:
-    def fused_recurrent_gated_delta_rule(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        shapes: GdnShapes,
-        scale: float,
-        initial_state,
-        output_final_state: bool,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel: bool,
-    ):
+    def fused_recurrent_gated_delta_rule(call: GdnCall):
+        q, k, v, g, beta, shapes = call.q, call.k, call.v, call.g, call.beta, call.shapes
+        initial_state, output_final_state = call.initial_state, call.output_final_state
         _refuse_grad("fused_recurrent_gated_delta_rule", q, k, v, g, beta, initial_state)
-        seqs = sequences(shapes.B, shapes.T, cu_seqlens)
+        seqs = sequences(shapes.B, shapes.T, call.cu_seqlens)
         kept = seqs.kept_index(q.device)
         if initial_state is None:
             state = torch.zeros(len(seqs.kept), shapes.HV, shapes.K, shapes.V, device=q.device)
@@ -87,8 +76,8 @@ def make_recurrent_ops(kernel: Callable) -> dict[str, Callable]:
             *(_tokens(x) for x in (q, k, v, g, beta)),
             [seqs.lengths[n] for n in seqs.kept],
             state,
-            scale,
-            use_qk_l2norm_in_kernel,
+            call.scale,
+            call.use_qk_l2norm_in_kernel,
         )
         o = out.view(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
         if not output_final_state or not seqs.drops_any:
@@ -97,23 +86,11 @@ def make_recurrent_ops(kernel: Callable) -> dict[str, Callable]:
         start = initial_state.float() if initial_state is not None else final.new_zeros(shapes.N, *final.shape[1:])
         return o, start.index_copy(0, kept, final)
 
-    def fused_recurrent_gated_delta_rule_update(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        *,
-        shapes: GdnShapes,
-        scale: float,
-        ssm_pool,
-        ssm_indices,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel: bool,
-    ):
+    def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
+        q, k, v, g, beta, shapes, ssm_pool = call.q, call.k, call.v, call.g, call.beta, call.shapes, call.ssm_pool
         _refuse_grad("fused_recurrent_gated_delta_rule_update", q, k, v, g, beta)
-        seqs = sequences(shapes.B, shapes.T, cu_seqlens)
-        slots = ssm_indices.tolist()
+        seqs = sequences(shapes.B, shapes.T, call.cu_seqlens)
+        slots = call.ssm_indices.tolist()
         live = [n for n in seqs.kept if slots[n] >= 0]
         o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
         if not live:
@@ -128,8 +105,8 @@ def make_recurrent_ops(kernel: Callable) -> dict[str, Callable]:
             *(_tokens(x).index_select(0, token_idx) for x in (q, k, v, g, beta)),
             [seqs.lengths[n] for n in live],
             ssm_pool.index_select(0, live_slots),
-            scale,
-            use_qk_l2norm_in_kernel,
+            call.scale,
+            call.use_qk_l2norm_in_kernel,
         )
         ssm_pool.index_copy_(0, live_slots, final.to(ssm_pool.dtype))
         o.view(-1, shapes.HV, shapes.V).index_copy_(0, token_idx, out.to(o.dtype))

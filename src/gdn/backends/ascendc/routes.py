@@ -39,6 +39,7 @@ from gdn.backends.ascendc.raw import (
     route_name,
 )
 from gdn.backends.ascendc.recurrent import make_recurrent_ops
+from gdn.calls import Call, ConvCall
 
 log = logging.getLogger("gdn")
 
@@ -64,7 +65,7 @@ class OpRoute:
     strict_error: str | None = None  # what GDN_STRICT=1 refuses about this op's decision
     fn: Callable | None = None
     # why the route cannot take one validated call (None: it takes every call the op's contract admits)
-    refusal: Callable[[Any], str | None] | None = None
+    refusal: Callable[[Call], str | None] | None = None
 
     def record(self) -> dict[str, Any]:
         return {
@@ -113,17 +114,16 @@ def _needs(op: str, ops: RawOps) -> tuple[str, ...]:
     return (RECURRENT,)
 
 
-def _limited(op: str, call: Any) -> dict[str, int]:
+def _limited(op: str, call: Call) -> dict[str, int]:
     """The dimensions of one validated call of the conv or a recurrent op that the fla_npu contracts
     limit. The conv's state length is not among them: the adapter hands the kernels W - 1 columns."""
-    if op == CONV_OP:
-        D, W = call.args[1].shape
+    if isinstance(call, ConvCall):
+        D, W = call.weight.shape
         return {"D": D, "W": W}
-    shapes = call.kwargs["shapes"]
-    return {"DK": shapes.K, "DV": shapes.V}
+    return {"DK": call.shapes.K, "DV": call.shapes.V}
 
 
-def _limits_refusal(op: str, ops: RawOps) -> Callable[[Any], str | None]:
+def _limits_refusal(op: str, ops: RawOps) -> Callable[[Call], str | None]:
     """The refusal of a call outside the limits of any raw op the route calls for `op`."""
     needed = _needs(op, ops)
     return lambda call: contracts.refusal(ops.route, needed, _limited(op, call))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from gdn.calls import ConvCall, ConvUpdateCall
+
 
 def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
     return F.silu(x) if activation in ("silu", "swish") else x
@@ -17,31 +19,21 @@ def _depthwise(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     )
 
 
-def causal_conv1d_fn(
-    x,
-    weight,
-    bias=None,
-    activation=None,
-    *,
-    seq_idx=None,
-    initial_states=None,
-    return_final_states=False,
-    query_start_loc=None,
-    conv_states=None,
-    cache_indices=None,
-    has_initial_state=None,
-):
-    if query_start_loc is not None:
-        return _varlen(x, weight, bias, activation, query_start_loc, conv_states, cache_indices, has_initial_state)
+def causal_conv1d_fn(call: ConvCall):
+    x, weight, bias, activation = call.x, call.weight, call.bias, call.activation
+    if call.query_start_loc is not None:
+        return _varlen(call)
     B, D, _T = x.shape
     width = weight.shape[1]
+    initial_states = call.initial_states
     history = (
         initial_states.float() if initial_states is not None else x.new_zeros(B, D, width - 1, dtype=torch.float32)
     )
     extended = torch.cat([history, x.float()], dim=-1)  # [B, D, W - 1 + T]
+    seq_idx = call.seq_idx
     out = _depthwise(extended, weight, bias) if seq_idx is None else _segmented(extended, weight, bias, seq_idx)
     out = _activate(out, activation).to(x.dtype)
-    if return_final_states:
+    if call.return_final_states:
         return out, extended[..., extended.shape[-1] - (width - 1) :].to(x.dtype)
     return out
 
@@ -58,9 +50,11 @@ def _segmented(extended: torch.Tensor, weight, bias, seq_idx: torch.Tensor) -> t
     return out if bias is None else out + bias.float().view(1, -1, 1)
 
 
-def _varlen(x, weight, bias, activation, query_start_loc, conv_states, cache_indices, has_initial_state):
+def _varlen(call: ConvCall):
     """x [D, total_T]: each sequence reads its own W - 1 columns of history (from the pool when
     has_initial_state says so, else zeros), and its last W - 1 inputs are written back to the pool."""
+    x, weight, bias, activation, conv_states = call.x, call.weight, call.bias, call.activation, call.conv_states
+    query_start_loc, cache_indices, has_initial_state = call.query_start_loc, call.cache_indices, call.has_initial_state
     D, _total = x.shape
     width = weight.shape[1]
     hist = width - 1
@@ -103,9 +97,11 @@ def _varlen(x, weight, bias, activation, query_start_loc, conv_states, cache_ind
     return out
 
 
-def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None):
+def causal_conv1d_update(call: ConvUpdateCall):
     """One or a few new tokens per row; conv_state [slots, D, state_len] is updated in place. Rows whose
     index is -1 are skipped: their output is zero and no pool row changes."""
+    x, conv_state, weight, bias, activation = call.x, call.conv_state, call.weight, call.bias, call.activation
+    conv_state_indices = call.conv_state_indices
     squeeze = x.ndim == 2
     xs = x.unsqueeze(-1) if squeeze else x
     B, D, L = xs.shape

@@ -17,6 +17,7 @@ import torch
 from gdn._validate import GdnShapes
 from gdn.backends.eager._blocks import BlockPlan, plan_blocks, sequence_lengths
 from gdn.backends.eager.state_scan import StateScan
+from gdn.calls import GdnCall, PoolDecodeCall
 
 CHUNK = 64
 
@@ -123,54 +124,29 @@ def _exclusive_suffix_sum(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([suffix[..., 1:], torch.zeros_like(suffix[..., :1])], dim=-1)
 
 
-def chunk_gated_delta_rule(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    initial_state,
-    output_final_state: bool,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel: bool,
-):
-    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), CHUNK, q.device)
+def chunk_gated_delta_rule(call: GdnCall):
+    q, v, shapes = call.q, call.v, call.shapes
+    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, call.cu_seqlens), CHUNK, q.device)
     u, w, q_eff, o_intra, k_to_end_t, state_decay = _intra_chunk(
-        q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel, plan
+        q, call.k, v, call.g, call.beta, shapes, call.scale, call.use_qk_l2norm_in_kernel, plan
     )
     # Between chunks: S_out = (decay * I - k_end^T w) S_in + k_end^T u.
     transition = (k_to_end_t @ w).neg_()
     transition.diagonal(dim1=-2, dim2=-1).add_(state_decay.squeeze(-1))
     entering, final = StateScan.apply(
-        transition, k_to_end_t @ u, _start_state(initial_state, shapes, plan, q.device), plan
+        transition, k_to_end_t @ u, _start_state(call.initial_state, shapes, plan, q.device), plan
     )
     o = plan.to_tokens((o_intra + q_eff @ entering).transpose(1, 2))
     o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
-    return o, (final.index_select(0, plan.inverse_order) if output_final_state else None)
+    return o, (final.index_select(0, plan.inverse_order) if call.output_final_state else None)
 
 
-def fused_recurrent_gated_delta_rule(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    initial_state,
-    output_final_state: bool,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel: bool,
-):
-    device = q.device
-    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, cu_seqlens), 1, device)
+def fused_recurrent_gated_delta_rule(call: GdnCall):
+    device, shapes = call.q.device, call.shapes
+    plan = plan_blocks(sequence_lengths(shapes.B, shapes.T, call.cu_seqlens), 1, device)
     qf, kf, vf, gf, bf = (
         plan.to_blocks(x).squeeze(1)  # [steps * sequences, HV, ...]
-        for x in _prepare(q, k, v, g, beta, shapes, scale, use_qk_l2norm_in_kernel)
+        for x in _prepare(call.q, call.k, call.v, call.g, call.beta, shapes, call.scale, call.use_qk_l2norm_in_kernel)
     )
 
     HV, K, V = shapes.HV, shapes.K, shapes.V
@@ -183,29 +159,17 @@ def fused_recurrent_gated_delta_rule(
         s = torch.baddbmm(s, k_t.transpose(1, 2), delta)
         return (qf[sl].reshape(n, 1, K) @ s).view(-1, HV, V), s.view(-1, HV, K, V)
 
-    outs, final = _run_steps(plan, _start_state(initial_state, shapes, plan, device), step)
+    outs, final = _run_steps(plan, _start_state(call.initial_state, shapes, plan, device), step)
     o = plan.to_tokens(torch.cat(outs).unsqueeze(1))
-    o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(v.dtype)
-    return o, (final if output_final_state else None)
+    o = o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V).to(call.v.dtype)
+    return o, (final if call.output_final_state else None)
 
 
-def fused_recurrent_gated_delta_rule_update(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    ssm_pool,
-    ssm_indices,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel: bool,
-):
+def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
     """Decode against a state pool: rows with index -1 are skipped (output zeros, pool untouched)."""
-    slots = ssm_indices.tolist()
-    lengths = sequence_lengths(shapes.B, shapes.T, cu_seqlens)
+    q, v, shapes, ssm_pool = call.q, call.v, call.shapes, call.ssm_pool
+    slots = call.ssm_indices.tolist()
+    lengths = sequence_lengths(shapes.B, shapes.T, call.cu_seqlens)
     # A live sequence without tokens leaves its pool slot as it is: nothing to run for it.
     live = [n for n, slot in enumerate(slots) if slot >= 0 and lengths[n] > 0]
     o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
@@ -225,13 +189,15 @@ def fused_recurrent_gated_delta_rule_update(
     sub = GdnShapes(1, total, shapes.H, shapes.HV, shapes.K, shapes.V, len(live))
     cu = torch.tensor([0, *torch.tensor(live_lengths).cumsum(0).tolist()], device=q.device)
     out, final = fused_recurrent_gated_delta_rule(
-        *(live_tokens(x) for x in (q, k, v, g, beta)),
-        shapes=sub,
-        scale=scale,
-        initial_state=ssm_pool.index_select(0, live_slots),
-        output_final_state=True,
-        cu_seqlens=cu,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        GdnCall(
+            *(live_tokens(x) for x in (q, call.k, v, call.g, call.beta)),
+            shapes=sub,
+            scale=call.scale,
+            initial_state=ssm_pool.index_select(0, live_slots),
+            output_final_state=True,
+            cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=call.use_qk_l2norm_in_kernel,
+        )
     )
     with torch.no_grad():
         ssm_pool.index_copy_(0, live_slots, final.to(ssm_pool.dtype))

@@ -16,7 +16,6 @@ import functools
 
 import torch
 
-from gdn._validate import GdnShapes
 from gdn.backends.triton._common import flavour, is_interpreting
 from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks
 from gdn.backends.triton.common.config import CHUNK, Tiles, tiles_for
@@ -26,6 +25,7 @@ from gdn.backends.triton.common.state import state_backward, state_forward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.l2norm import l2norm_bwd, l2norm_fwd
+from gdn.calls import GdnCall
 
 L2NORM_EPS = 1e-6
 
@@ -121,24 +121,20 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         )
 
 
-def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    cu_seqlens: torch.Tensor | None,
-    use_qk_l2norm_in_kernel: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The backend entry (inputs validated by gdn.calls): -> (o [B, T, HV, V] in v's dtype, final state
     [N, HV, K, V] fp32 or None)."""
-    plan = plan_chunks(shapes.B, shapes.T, cu_seqlens, CHUNK)
+    plan = plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
-        q, k, v, g, beta, initial_state, scale, output_final_state, plan, use_qk_l2norm_in_kernel
+        call.q,
+        call.k,
+        call.v,
+        call.g,
+        call.beta,
+        call.initial_state,
+        call.scale,
+        call.output_final_state,
+        plan,
+        call.use_qk_l2norm_in_kernel,
     )
     return o, final_state

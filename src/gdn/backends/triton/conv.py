@@ -27,6 +27,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 from gdn.backends.triton.decode import as_block, refuse_grad
+from gdn.calls import ConvCall, ConvUpdateCall
 
 # Output tile of one prefill program, channels x tokens: 8 outputs a thread. The W shifted tap
 # loads of a tile are live together (a shifted tap cannot use vector loads in the channel-first
@@ -219,21 +220,11 @@ def _like_input(x: torch.Tensor, channel_last: bool) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
-def causal_conv1d_fn(
-    x,
-    weight,
-    bias=None,
-    activation=None,
-    *,
-    seq_idx=None,
-    initial_states=None,
-    return_final_states=False,
-    query_start_loc=None,
-    conv_states=None,
-    cache_indices=None,
-    has_initial_state=None,
-):
+def causal_conv1d_fn(call: ConvCall):
     """The `causal_conv1d_fn` op of the triton backend (forward only)."""
+    x, weight, bias, activation, initial_states = call.x, call.weight, call.bias, call.activation, call.initial_states
+    query_start_loc, conv_states, cache_indices = call.query_start_loc, call.conv_states, call.cache_indices
+    has_initial_state, seq_idx, return_final_states = call.has_initial_state, call.seq_idx, call.return_final_states
     refuse_grad("causal_conv1d_fn", x=x, weight=weight, bias=bias, initial_states=initial_states)
     channel_last = _channel_last(x)
     if not channel_last:
@@ -432,9 +423,11 @@ def _conv_update_kernel(
     tl.store(state_row[:, None] + (c * stride_w)[None, :], cast_as(new, state_ptr), mask=mask)
 
 
-def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None, conv_state_indices=None):
+def causal_conv1d_update(call: ConvUpdateCall):
     """The `causal_conv1d_update` op of the triton backend (forward only): rows whose index is -1
     get zero outputs and leave the pool untouched."""
+    x, conv_state, weight, bias, activation = call.x, call.conv_state, call.weight, call.bias, call.activation
+    conv_state_indices = call.conv_state_indices
     refuse_grad("causal_conv1d_update", x=x, weight=weight, bias=bias)
     squeeze = x.ndim == 2
     xs = (x.unsqueeze(-1) if squeeze else x).contiguous()

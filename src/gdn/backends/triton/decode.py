@@ -43,6 +43,7 @@ import triton.language as tl
 from gdn._validate import GdnShapes
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, processors
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
+from gdn.calls import GdnCall, PoolDecodeCall
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
 # The widest V slice: 64 fp32 columns are two 128-byte lines per state row.
@@ -375,26 +376,15 @@ def _launch(
     return o
 
 
-def fused_recurrent_gated_delta_rule(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    initial_state,
-    output_final_state: bool,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel: bool,
-):
+def fused_recurrent_gated_delta_rule(call: GdnCall):
     """The `fused_recurrent_gated_delta_rule` op of the triton backend (forward only). Returns
     (o [B, T, HV, V] in v's dtype, final state [N, HV, K, V] fp32 or None)."""
+    q, k, v, g, beta, initial_state = call.q, call.k, call.v, call.g, call.beta, call.initial_state
     refuse_grad("fused_recurrent_gated_delta_rule", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    shapes = call.shapes
     N, HV, K, V = shapes.N, shapes.HV, shapes.K, shapes.V
     h0 = None if initial_state is None else initial_state.contiguous()
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if output_final_state else None
+    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if call.output_final_state else None
     o = _launch(
         q,
         k,
@@ -402,9 +392,9 @@ def fused_recurrent_gated_delta_rule(
         g,
         beta,
         shapes,
-        scale,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
+        call.scale,
+        call.cu_seqlens,
+        call.use_qk_l2norm_in_kernel,
         h0,
         ht,
         None,
@@ -413,24 +403,12 @@ def fused_recurrent_gated_delta_rule(
     return o, ht
 
 
-def fused_recurrent_gated_delta_rule_update(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    *,
-    shapes: GdnShapes,
-    scale: float,
-    ssm_pool,
-    ssm_indices,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel: bool,
-):
+def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
     """The `fused_recurrent_gated_delta_rule_update` op of the triton backend (forward only):
     sequence n reads and writes ssm_pool[ssm_indices[n]] in place; index -1 gives zero outputs and
     leaves the pool untouched; a slot out of range or repeated gives NaN outputs and leaves the pool
     untouched. Returns o [B, T, HV, V] in v's dtype."""
+    q, k, v, g, beta, pool = call.q, call.k, call.v, call.g, call.beta, call.ssm_pool
     refuse_grad("fused_recurrent_gated_delta_rule_update", q=q, k=k, v=v, g=g, beta=beta)
     return _launch(
         q,
@@ -438,13 +416,13 @@ def fused_recurrent_gated_delta_rule_update(
         v,
         g,
         beta,
-        shapes,
-        scale,
-        cu_seqlens,
-        use_qk_l2norm_in_kernel,
-        ssm_pool,
-        ssm_pool,
-        ssm_indices,
-        ssm_pool.stride(),
-        pool_slots=ssm_pool.shape[0],
+        call.shapes,
+        call.scale,
+        call.cu_seqlens,
+        call.use_qk_l2norm_in_kernel,
+        pool,
+        pool,
+        call.ssm_indices,
+        pool.stride(),
+        pool_slots=pool.shape[0],
     )

@@ -18,6 +18,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
 from gdn.backends.triton.common.tiles import cast_as
 from gdn.backends.triton.decode import refuse_grad
+from gdn.calls import GatingCall
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)
 # Elements per program: decode batches fit in one or two programs, prefill spreads over many.
@@ -69,9 +70,10 @@ def _rows(x: torch.Tensor, HV: int) -> torch.Tensor:
     return flat if flat.stride(-1) == 1 else flat.contiguous()
 
 
-def fused_gdn_gating(A_log: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dt_bias: torch.Tensor):
+def fused_gdn_gating(call: GatingCall):
     """The `fused_gdn_gating` op of the triton backend (forward only). Returns (g fp32, beta in b's
     dtype), both shaped like a."""
+    A_log, a, b, dt_bias = call.A_log, call.a, call.b, call.dt_bias
     refuse_grad("fused_gdn_gating", A_log=A_log, a=a, b=b, dt_bias=dt_bias)
     HV = A_log.shape[0]
     a2, b2 = _rows(a, HV), _rows(b, HV)

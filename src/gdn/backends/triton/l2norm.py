@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
+from gdn.calls import L2NormCall
 
 # Up to this many columns a row lives in one block (head dims are 64..256); wider rows are swept in
 # blocks of this size, twice (sum of squares, then scale).
@@ -151,6 +152,6 @@ class L2Norm(torch.autograd.Function):
         return l2norm_bwd(y, rstd, dy), None
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+def l2norm(call: L2NormCall) -> torch.Tensor:
     """The `l2norm` op of the triton backend (differentiable in x)."""
-    return L2Norm.apply(x, eps)
+    return L2Norm.apply(call.x, call.eps)

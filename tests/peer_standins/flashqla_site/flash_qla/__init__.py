@@ -51,4 +51,4 @@ def chunk_gated_delta_rule(
         cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
     )
-    return EAGER.ops["chunk_gated_delta_rule"](*call.args, **call.kwargs)
+    return EAGER.ops["chunk_gated_delta_rule"](call)
