@@ -10,13 +10,20 @@ With --sweep, also the triton forward+backward under each setting of SWEEP (knob
 gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
 forward+backward (torch.profiler), triton's, fla's and FlashQLA's side by side, to say where the time goes.
 
+Rows: (B, T) = (1, 8192), (4, 4096), (1, 32768), and a packed row of 64 sequences of uneven length
+(64-960 tokens drawn, scaled to 32,768 in all) as GRPO rollouts pack. Where FlashQLA is installed, fla
+hands it the chunk op; `fla-triton` is fla with FLA_FLASH_QLA=0, its own Triton path.
+
 Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile]
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import sys
+from collections.abc import Iterator
 
 import torch
 
@@ -24,6 +31,9 @@ import gdn
 from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128), (1, 32768, 16, 32, 128)]
+# the packed row, as GRPO rollouts pack: this many sequences of uneven length (drawn from LENGTHS,
+# seeded, then scaled to PACKED_TOKENS in all) in one B = 1 row with cu_seqlens
+PACKED_SEQUENCES, PACKED_TOKENS, LENGTHS = 64, 32768, (64, 960)
 # Knob settings next to the defaults. From ptxas on sm_90 (bf16, K=V=128, defaults): the WY backward
 # uses 255 registers with 308 bytes of spills at 4 warps (228 and none at 8), qk_grads 255 with 68 at
 # 8 warps (249 and none with BK=32, which also narrows the other K-sliced stages); prepare 190 at 1
@@ -45,23 +55,48 @@ SWEEP = [
 PROFILED_REPS = 5
 
 
+def packed_offsets(sequences: int, tokens: int, lengths: tuple[int, int], device: str) -> torch.Tensor:
+    """cu_seqlens [sequences + 1] of uneven lengths drawn from `lengths` and scaled to `tokens` in all."""
+    drawn = torch.randint(lengths[0], lengths[1] + 1, (sequences,), generator=torch.Generator().manual_seed(0))
+    scaled = (drawn.double() * tokens / drawn.sum()).floor().long().clamp_min(1)
+    scaled[-1] += tokens - scaled.sum()
+    return torch.cat([scaled.new_zeros(1), scaled.cumsum(0)]).to(device, torch.int32)
+
+
 def gdn_impl(mode: str):
-    def run(q, k, v, g, beta):
+    def run(q, k, v, g, beta, cu_seqlens=None):
         gdn.set_compute_mode(mode)
-        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
 
     return run
 
 
-def fla_impl():
+@contextlib.contextmanager
+def environment_set(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def fla_impl(env: dict[str, str] | None = None):
+    """fla's chunk op as its users call it; with `env` set around each call (fla's registry reads its
+    switches per call: FLA_FLASH_QLA=0 keeps it on its own Triton kernels where FlashQLA is installed)."""
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError as exc:
         print(f"fla not importable: {exc}; timing without it")
         return None
 
-    def run(q, k, v, g, beta):
-        return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    def run(q, k, v, g, beta, cu_seqlens=None):
+        with environment_set(env or {}):
+            return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=_long(cu_seqlens))
 
     return run
 
@@ -73,10 +108,17 @@ def flashqla_impl():
         print(f"flash_qla not importable: {type(exc).__name__}: {exc}; timing without it")
         return None
 
-    def run(q, k, v, g, beta):
-        return flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    def run(q, k, v, g, beta, cu_seqlens=None):
+        return flash_qla.chunk_gated_delta_rule(
+            q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=_long(cu_seqlens)
+        )
 
     return run
+
+
+def _long(cu_seqlens: torch.Tensor | None) -> torch.Tensor | None:
+    """The peers declare LongTensor offsets."""
+    return None if cu_seqlens is None else cu_seqlens.long()
 
 
 def fwd_bwd_of(fn, inputs, do):
@@ -168,18 +210,25 @@ def main() -> None:
     from gdn.backends.fla import bypass_hopper_guard
 
     quick = "--quick" in sys.argv
-    shapes = SHAPES[:1] if quick else SHAPES
+    shapes = [(*shape, False) for shape in (SHAPES[:1] if quick else SHAPES)]
+    if not quick:
+        shapes.append((1, PACKED_TOKENS, 16, 32, 128, True))
     impls = {"triton": gdn_impl("triton"), "fla": fla_impl(), "flashqla": flashqla_impl(), "eager": gdn_impl("eager")}
+    if impls["flashqla"] is not None and impls["fla"] is not None:
+        # where FlashQLA is installed fla hands it the chunk op: its own Triton path is a peer of its own
+        impls["fla-triton"] = fla_impl({"FLA_FLASH_QLA": "0"})
     impls = {name: fn for name, fn in impls.items() if fn is not None}
     rows, sweep, kernels = [], [], []
     # the guard lives in fla: without fla there is nothing to lift
     with bypass_hopper_guard() if "fla" in impls else contextlib.nullcontext():
-        for B, T, H, HV, D in shapes:
+        for B, T, H, HV, D, packed in shapes:
             inputs = chunk_inputs(B, T, H, HV, D)
             do = torch.randn(B, T, HV, D, device="cuda", dtype=torch.bfloat16)
-            shape = f"B={B} T={T} H={H} HV={HV} K=V={D}"
-            for name, fn in impls.items():
-                check = agreement(fn, impls["eager"], inputs, do) if name != "eager" else "-"
+            cu = packed_offsets(PACKED_SEQUENCES, T, LENGTHS, "cuda") if packed else None
+            shape = f"B={B} T={T} H={H} HV={HV} K=V={D}" + (f" packed N={PACKED_SEQUENCES}" if packed else "")
+            bound = {name: functools.partial(fn, cu_seqlens=cu) for name, fn in impls.items()}
+            for name, fn in bound.items():
+                check = agreement(fn, bound["eager"], inputs, do) if name != "eager" else "-"
                 rows.append({"shape": shape, "impl": name, **measure(fn, inputs, do), "rel_err_vs_eager": check})
                 print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
             if "--sweep" in sys.argv:
@@ -187,8 +236,8 @@ def main() -> None:
                 print_table(sweep[-len(SWEEP) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "error"])
             if "--profile" in sys.argv:
                 for name in ("triton", "fla", "flashqla"):
-                    if name in impls:
-                        kernels += kernel_times(impls[name], inputs, do, shape, name)
+                    if name in bound:
+                        kernels += kernel_times(bound[name], inputs, do, shape, name)
             torch.cuda.empty_cache()
     for row in rows:
         fla = next((r for r in rows if r["shape"] == row["shape"] and r["impl"] == "fla"), None)
