@@ -39,7 +39,6 @@ from gdn.matrix import devices, outcomes
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.lock import lock_summary
-from gdn.matrix.outcomes import read_finished
 from gdn.matrix.results import INTERRUPTED
 from gdn.matrix.schema import CellLock, CellOutcome, InterruptedRun, PinDifference
 from gdn.matrix.versions import pin_differences
@@ -290,9 +289,10 @@ def _cell_locked(results_root: Path, cell: Cell, echo: Callable[[str], None], wa
 
 def _record_interruption(outcome: CellOutcome, final: Path, staging: Path, log: CellLog, signum: int) -> None:
     before = "the results shown are of the last complete run" if final.exists() else "no complete run is recorded"
-    finished = read_finished(staging / outcomes.FILE)
+    finished = outcomes.read_finished(staging / outcomes.FILE)
     counts = Counter(t.outcome for t in finished)
-    tally = ", ".join(f"{counts[o]} {o}" for o in outcomes.OUTCOMES if counts[o])
+    tests_finished = {o: counts[o] for o in outcomes.OUTCOMES if counts[o]}
+    tally = ", ".join(f"{n} {o}" for o, n in tests_finished.items())
     record = InterruptedRun(
         cell=outcome.cell,
         signal=signal.Signals(signum).name,
@@ -301,7 +301,7 @@ def _record_interruption(outcome: CellOutcome, final: Path, staging: Path, log: 
         reason=f"interrupted by {signal.Signals(signum).name}: {before}"
         + (f"; its tests before it stopped: {tally}" if tally else ""),
         log_tail=log.text() or None,
-        tests_finished={o: counts[o] for o in outcomes.OUTCOMES if counts[o]},
+        tests_finished=tests_finished,
         tests_failed=[f"{t.nodeid}: {t.message}" if t.message else t.nodeid for t in finished if t.outcome in BAD],
     )
     write_json(final / INTERRUPTED, asdict(record))
