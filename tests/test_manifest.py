@@ -320,7 +320,7 @@ def test_missing_cann_is_reported_with_the_exact_errors(tmp_path: Path) -> None:
     # the stand-ins (tests/standins) fail as the real packages do without CANN: torch_npu cannot
     # load libhccl.so, fla_npu refuses to import before set_env.sh
     env = harness.environment(tmp_path, "26.10", cann=False, GDN_STAND_IN_TORCH_NPU="missing-cann")
-    manifest = harness.run_json(env, "gdn.manifest", "--json")
+    manifest = harness.run_json(env, "gdn.manifest")
     assert manifest["torch_npu"]["import"]["error"].startswith(
         "ImportError: libhccl.so: cannot open shared object file: No such file or directory."
     )
@@ -418,3 +418,15 @@ def test_gdn_matrix_requires_a_subcommand(capsys: pytest.CaptureFixture) -> None
         cli.main([])
     assert exited.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
+
+
+def test_a_library_printing_on_import_leaves_the_childs_result_intact(tmp_path: Path) -> None:
+    # TileLang prints to stdout at import when it cannot query torch.npu; a cell that installs it beside
+    # the stand-ins must still read each child's result
+    noisy = tmp_path / "noisy"
+    noisy.mkdir()
+    (noisy / "sitecustomize.py").write_text("print('a library announces itself on stdout')\n")
+    env = harness.environment(tmp_path / "child", "26.10")
+    env["PYTHONPATH"] = os.pathsep.join([str(noisy), env["PYTHONPATH"]])
+    manifest = harness.run_json(env, "gdn.manifest")
+    assert manifest["fla_npu"]["import"]["ok"] is True

@@ -12,6 +12,7 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,14 @@ def environment(root: Path, profile: str | None, *, cann: bool = True, **extra: 
 
 
 def run_json(env: dict[str, str], *module_args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-m", *module_args], env=env, capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise AssertionError(f"{module_args} exited {done.returncode}:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout)
+    """Runs `python -m <module_args> --output FILE` and reads the JSON the module wrote to FILE.
+
+    A file, not stdout: a library the child imports may print there (TileLang reports on stdout that
+    it could not query torch.npu), and the child's result must survive whatever else is installed."""
+    with tempfile.TemporaryDirectory(prefix="gdn-child-") as tmp:
+        output = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", *module_args, "--output", str(output)]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"{module_args} exited {done.returncode}:\n{done.stderr[-4000:]}")
+        return json.loads(output.read_text())

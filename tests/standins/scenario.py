@@ -1,20 +1,23 @@
 """The child-process side of the stand-in generation tests (run through standins.harness).
 
-    python -m standins.scenario
+    python -m standins.scenario --output PATH
 
 In ascendc mode, on the stand-in device: resolve every op the backend serves, run the chunk op three
 times as model layers would (K = V = 128, so the composite forward serves where shipped), a training
 step with a loss on the final state once, and the conv once, each compared with eager on the same
-inputs, then collect the manifest. Prints {"resolve": {"resolutions", "errors", "plan", "log",
-"parity", "final_state_step"}, "manifest": ...}.
+inputs, then collect the manifest. Writes {"resolve": {"resolutions", "errors", "plan", "log",
+"parity", "final_state_step"}, "manifest": ...} to PATH (not stdout: a library imported on the way may
+print there).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -125,8 +128,11 @@ def _compare(op: Callable, inputs: dict[str, Any], grads: tuple[str, ...]) -> di
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m standins.scenario")
+    parser.add_argument("--output", type=Path, required=True, metavar="PATH", help="write the JSON result here")
+    args = parser.parse_args()
     result = {"resolve": resolve_all(), "manifest": manifest.collect_manifest()}
-    print(json.dumps(result, default=str))
+    args.output.write_text(json.dumps(result, default=str))
     return 0
 
 

@@ -22,4 +22,4 @@ __gdn_stand_in__ = "torch_npu stand-in (cpu stands in for the NPU)"
 __gdn_stand_in_device__ = "cpu"
 
 # the real torch_npu adds torch.npu; no NPU is visible here
-torch.npu = types.SimpleNamespace(device_count=lambda: 0)
+torch.npu = types.SimpleNamespace(device_count=lambda: 0, is_available=lambda: False)
