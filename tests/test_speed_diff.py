@@ -128,8 +128,13 @@ def test_kernel_change_without_slowdown_is_reported_and_not_a_regression(tmp_pat
     assert diff.regressions == []
     [change] = diff.kernel_changes
     assert (change.peer, change.old, change.new, change.with_) == ("fla", "chunk -> triton", "chunk -> flash_qla", [])
+    speed_change = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd: 4.24 → 1.91 ms (-55%)"
+    assert change.speed == [speed_change]
     markdown = diff.to_markdown()
-    assert "| cuda-h200 | fla | chunk -> triton | chunk -> flash_qla | no slowdown, no resolution loss |" in markdown
+    assert (
+        f"| cuda-h200 | fla | chunk -> triton | chunk -> flash_qla | {speed_change} | no slowdown, no resolution loss |"
+        in markdown
+    )
     assert f"- cuda-h200: fastest at {GROUP}: triton -> flashqla" in markdown
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     write_json(old_path, old)

@@ -156,13 +156,15 @@ class FastestChange:
 
 @dataclass
 class KernelChange:
-    """A peer's own kernel changed (e.g. fla's chunk op: triton -> flash_qla); `with_` lists the
-    slowdowns and resolution losses of that cell that came with it (then it is a regression)."""
+    """A peer's own kernel changed (e.g. fla's chunk op: triton -> flash_qla); `speed` is how the peer's
+    benchmark rows timed in both reports moved with it; `with_` lists the slowdowns and resolution losses
+    of that cell that came with it (then it is a regression)."""
 
     cell: str
     peer: str
     old: str
     new: str
+    speed: list[str] = field(default_factory=list)
     with_: list[str] = field(default_factory=list)
 
 
@@ -306,14 +308,18 @@ def _lock_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> LockCha
     )
 
 
-def _bench_index(cell: dict[str, Any]) -> dict[str, tuple[str, float]]:
-    """(label, ms) per benchmark row, keyed on op + backend + shape + pass."""
+def _bench_index(cell: dict[str, Any], backend: str | None = None) -> dict[str, tuple[str, float]]:
+    """(label, ms) per benchmark row (of that backend only, if one is named), keyed on op + backend +
+    shape + pass."""
     index = {}
     for row in cell.get("bench") or []:
         ms = row.get("ms") if isinstance(row, dict) else None
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            backend = row.get("backend") or row.get("impl")
-            key = json.dumps([row.get("op"), backend, row.get("shape"), row.get("pass")], sort_keys=True, default=str)
+            row_backend = row.get("backend") or row.get("impl")
+            if backend is not None and row_backend != backend:
+                continue
+            fields = [row.get("op"), row_backend, row.get("shape"), row.get("pass")]
+            key = json.dumps(fields, sort_keys=True, default=str)
             index[key] = (bench_label(row), float(ms))
     return index
 
@@ -346,7 +352,15 @@ def _kernel_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list
     if before is None and after is None:
         return []
     old_text, new_text = peers.kernel_text(before), peers.kernel_text(after)
-    return [KernelChange(name, "fla", old_text, new_text)] if old_text != new_text else []
+    if old_text == new_text:
+        return []
+    timed_before, timed_after = _bench_index(old, "fla"), _bench_index(new, "fla")
+    speed_change = [
+        f"{label}: {ms:.3g} → {timed_after[key][1]:.3g} ms ({timed_after[key][1] / ms - 1:+.0%})"
+        for key, (label, ms) in timed_before.items()
+        if key in timed_after
+    ]
+    return [KernelChange(name, "fla", old_text, new_text, speed_change)]
 
 
 def _violations(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -457,12 +471,19 @@ def render_markdown(diff: ReportDiff) -> str:
         md_table(["cell", "op", "device", "old", "new", "change", "why"], backend_rows) if backend_rows else [],
     )
     kernel_rows = [
-        [k.cell, k.peer, k.old, k.new, "; ".join(k.with_) or "no slowdown, no resolution loss"]
+        [
+            k.cell,
+            k.peer,
+            k.old,
+            k.new,
+            "; ".join(k.speed) or "not timed in both",
+            "; ".join(k.with_) or "no slowdown, no resolution loss",
+        ]
         for k in diff.kernel_changes
     ]
     lines += _section(
         "Peer kernels (what the peer itself runs)",
-        md_table(["cell", "peer", "old", "new", "came with"], kernel_rows) if kernel_rows else [],
+        md_table(["cell", "peer", "old", "new", "its speed", "came with"], kernel_rows) if kernel_rows else [],
     )
     lines += _section(
         "Newly failing tests",
