@@ -115,15 +115,15 @@ def test_other_ops_are_refused_with_a_reason(standin, gen):
 @pytest.mark.parametrize("int32_offsets", [False, True])
 def test_contract_reaches_flashqlas_signature(standin, gen, int32_offsets):
     impl = on_host().implementation(OP)
-    cu = torch.tensor([0, 5, 5, 24], dtype=torch.int32 if int32_offsets else torch.int64)
-    args = {**inputs(gen, N=3), "cu_seqlens": cu, "scale": 0.3}
+    cu = torch.tensor([0, 5, 24], dtype=torch.int32 if int32_offsets else torch.int64)
+    args = {**inputs(gen, N=2), "cu_seqlens": cu, "scale": 0.3}
     call = PREPARE[OP](**args)
     out, state = impl(call)
     [seen] = standin.CALLS
     for name in ("q", "k", "v", "g", "beta", "initial_state"):
         assert seen[name] is args[name], name  # GVA: v keeps its HV heads
     assert seen["scale"] == 0.3 and seen["output_final_state"] is True and seen["use_qk_l2norm_in_kernel"] is True
-    assert seen["cu_seqlens"].dtype == torch.int64 and seen["cu_seqlens"].tolist() == [0, 5, 5, 24]
+    assert seen["cu_seqlens"].dtype == torch.int64 and seen["cu_seqlens"].tolist() == [0, 5, 24]
     assert seen["head_first"] is False and seen["cp_context"] is None
     ref_out, ref_state = eager(args)
     torch.testing.assert_close(out, ref_out)
@@ -178,3 +178,39 @@ def test_resolves_after_its_bf16_probe_and_serves_training(standin, gen):
     # the probe's dense and varlen cases (bf16, K = V = 128) and the call above reached the stand-in
     assert len(standin.CALLS) >= 3 and all(c["q"].dtype == torch.bfloat16 for c in standin.CALLS)
     assert args["q"].grad is not None
+
+
+@pytest.mark.parametrize("with_initial_state", [True, False])
+def test_sequences_without_tokens_are_kept_out_of_flashqlas_call(standin, gen, with_initial_state):
+    """FlashQLA refuses a sequence of no tokens, which our contract admits (a serving batch can hold
+    one): it gets no output rows and its initial state back as its final state, gradients included."""
+    impl = on_host().implementation(OP)
+    args = {**inputs(gen, N=5), "cu_seqlens": torch.tensor([0, 0, 7, 7, 24, 24])}
+    if not with_initial_state:
+        args["initial_state"] = None
+    names = [n for n in ("q", "v", "g", "initial_state") if args[n] is not None]
+    grads = [args[n] for n in names]
+    for t in grads:
+        t.requires_grad_(True)
+    out, state = impl(PREPARE[OP](**args))
+    [seen] = standin.CALLS
+    assert seen["cu_seqlens"].tolist() == [0, 7, 24]
+    ref_out, ref_state = eager(args)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(state, ref_state)
+    weights = torch.randn(state.shape, generator=gen)
+    got = torch.autograd.grad(out.float().sum() + (state * weights).sum(), grads)
+    want = torch.autograd.grad(ref_out.float().sum() + (ref_state * weights).sum(), grads)
+    for name, a, b in zip(names, got, want, strict=True):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_half_precision_gate_reaches_flashqla_in_fp32_for_training(standin, gen):
+    impl = on_host().implementation(OP)
+    args = inputs(gen)
+    args["g"] = args["g"].to(torch.bfloat16).requires_grad_(True)
+    out, _ = impl(PREPARE[OP](**args))
+    [seen] = standin.CALLS
+    assert seen["g"].dtype == torch.float32
+    out.float().sum().backward()
+    assert args["g"].grad.dtype == torch.bfloat16

@@ -9,8 +9,10 @@ op to FlashQLA whenever both are installed. Route: "flashqla:<version>".
 FlashQLA takes our layout as is (q, k [B, T, H, K], v [B, T, HV, V] with grouped value heads, states
 [N, HV, K, V] of any float dtype, varlen through cu_seqlens with B = 1, q/k l2norm in its kernel,
 scale). It imports only on SM90, SM100/103 and SM120/121 (its import raises elsewhere, which makes the
-backend unavailable with that reason). A call it cannot take (q/k/v not all bf16 or all fp16, K or V
-not 128) is refused per call (`Backend.refusal`): gdn.resolve serves it with the next candidate and
+backend unavailable with that reason). Sequences without tokens, which FlashQLA
+refuses, are kept out of its call (their final state is their initial state); a half-precision g
+reaches it as fp32, the dtype its backward requires. A call it cannot take (q/k/v not all bf16 or all
+fp16, K or V not 128) is refused per call (`Backend.refusal`): gdn.resolve serves it with the next candidate and
 counts the reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
 """
 
@@ -50,22 +52,50 @@ def refusal(call: GdnCall) -> str | None:
 def _load() -> OpTable:
     import flash_qla
 
-    def chunk_gated_delta_rule(call: GdnCall):
+    def run(call: GdnCall, initial_state: torch.Tensor | None, cu_seqlens: torch.Tensor | None):
         return flash_qla.chunk_gated_delta_rule(
             call.q,
             call.k,
             call.v,
-            call.g,
+            # FlashQLA keeps the gate's cumulative sums in g's dtype and asserts an fp32 dg in its
+            # backward; our contract admits a half-precision g, which the cast turns into its gradient.
+            call.g.float(),
             call.beta,
             scale=call.scale,
-            initial_state=call.initial_state,
+            initial_state=initial_state,
             output_final_state=call.output_final_state,
             use_qk_l2norm_in_kernel=call.use_qk_l2norm_in_kernel,
-            # FlashQLA declares LongTensor; our contract also admits int32.
-            cu_seqlens=None if call.cu_seqlens is None else call.cu_seqlens.long(),
+            cu_seqlens=cu_seqlens,
         )
 
+    def chunk_gated_delta_rule(call: GdnCall):
+        if call.cu_seqlens is None:
+            return run(call, call.initial_state, None)
+        # FlashQLA declares LongTensor (our contract also admits int32) and refuses a sequence without
+        # tokens ("invalid sequence lengths"), which our contract admits: such a sequence has no output
+        # rows and its final state is its initial state, so it is left out of FlashQLA's call and its
+        # state put back after. FlashQLA reads the offsets on the host anyway (its context-parallel
+        # plan), so reading them here adds no synchronisation.
+        bounds = call.cu_seqlens.tolist()
+        kept = [n for n in range(len(bounds) - 1) if bounds[n + 1] > bounds[n]]
+        if len(kept) == len(bounds) - 1:
+            return run(call, call.initial_state, call.cu_seqlens.long())
+        return _around_empty_sequences(call, bounds, kept, run)
+
     return {OP: chunk_gated_delta_rule}
+
+
+def _around_empty_sequences(call: GdnCall, bounds: list[int], kept: list[int], run):
+    shapes, device = call.shapes, call.v.device
+    if call.initial_state is not None:
+        states = call.initial_state.float()
+    else:
+        states = torch.zeros(shapes.N, shapes.HV, shapes.K, shapes.V, dtype=torch.float32, device=device)
+    rows = torch.tensor(kept, device=device)
+    offsets = torch.tensor([bounds[0], *(bounds[n + 1] for n in kept)], dtype=torch.long, device=device)
+    initial = None if call.initial_state is None else call.initial_state.index_select(0, rows)
+    o, final = run(call, initial, offsets)
+    return o, (states.index_copy(0, rows, final) if call.output_final_state else None)
 
 
 class FlashQLABackend(Backend):

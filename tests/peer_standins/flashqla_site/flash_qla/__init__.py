@@ -1,8 +1,12 @@
 """STAND-IN for flash-qla 0.1.3 (tests/peer_standins/README.md). Not FlashQLA.
 
 Its chunk_gated_delta_rule has FlashQLA's signature and its refusals (asserts on dtype, K = V = 128,
-B = 1 with cu_seqlens), computes with gdn's eager op (differentiable) and records every call in CALLS.
+B = 1 with cu_seqlens, a sequence without tokens, an initial state per sequence, an fp32 g where the
+gate gets a gradient: the real one asserts its dg is fp32), computes with gdn's eager op
+(differentiable) and records every call in CALLS.
 """
+
+import itertools
 
 import torch
 
@@ -39,6 +43,18 @@ def chunk_gated_delta_rule(
     assert q.shape[-1] == v.shape[-1] == 128
     if cu_seqlens is not None and q.shape[0] != 1:
         raise ValueError("The batch size is expected to be 1 when using `cu_seqlens`.")
+    if cu_seqlens is None:
+        lengths = [q.shape[1]] * q.shape[0]
+    else:
+        bounds = cu_seqlens.tolist()
+        lengths = [end - start for start, end in itertools.pairwise(bounds)]
+    chunks = [-(-length // 64) for length in lengths]
+    if not chunks or min(chunks) <= 0:
+        raise ValueError(f"invalid sequence lengths: {chunks}")
+    if initial_state is not None and initial_state.shape[0] != len(chunks):
+        raise ValueError("The number of initial states is expected to be equal to the number of input sequences")
+    if g.requires_grad:
+        assert g.dtype == torch.float32, "dg should be fp32"
     call = PREPARE["chunk_gated_delta_rule"](
         q,
         k,
