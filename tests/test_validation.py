@@ -1606,3 +1606,59 @@ def test_property_gating_valid_inputs_run(case):
     assert beta.shape == case["b"].shape and beta.dtype == case["b"].dtype
     assert torch.isfinite(g).all() and (g <= 0).all()
     assert torch.isfinite(beta).all() and ((beta >= 0) & (beta <= 1)).all()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Each distinct signature is checked once; the value checks run on every call's own tensors.
+
+
+@pytest.fixture
+def counted_checks(monkeypatch):
+    """How many shape checks ran, from a clean slate of accepted signatures."""
+    from gdn import _validate
+
+    for check in (_validate.check_gdn_inputs, _validate.check_pool_decode_inputs):
+        check.cache_clear()
+    counted = []
+    original = _validate.Checker.shape
+
+    def shape(self, name, *args):
+        counted.append(name)
+        return original(self, name, *args)
+
+    monkeypatch.setattr(_validate.Checker, "shape", shape)
+    return counted
+
+
+def test_a_repeated_signature_is_not_checked_again_but_its_values_are(counted_checks):
+    POOL_OP(**make_pool_call(B=3, slots=5, K=5, V=6))
+    first = len(counted_checks)
+    assert first > 0
+    POOL_OP(**make_pool_call(B=3, slots=5, K=5, V=6, seed=1))  # same shapes, dtypes, devices: accepted before
+    assert len(counted_checks) == first
+    call = make_pool_call(B=3, slots=5, K=5, V=6, seed=2)
+    call["ssm_indices"] = torch.tensor([4, 0, 4], dtype=torch.int32)
+    with rejects(ValueError, "ssm_indices", "distinct live slots", "ssm_indices[0] = ssm_indices[2] = 4"):
+        POOL_OP(**call)
+    POOL_OP(**make_pool_call(B=3, slots=6, K=5, V=6))  # another pool size: a new signature, checked in full
+    assert len(counted_checks) > first
+
+
+def test_a_repeated_signature_still_checks_the_offsets_its_inner_check_registered(counted_checks):
+    def call(bounds):
+        args = make_pool_call(B=1, T=4, slots=4, K=5)
+        return dict(args, cu_seqlens=torch.tensor(bounds), ssm_indices=torch.tensor([0, 1, 2], dtype=torch.int32))
+
+    POOL_OP(**call([0, 1, 3, 4]))
+    first = len(counted_checks)
+    with rejects(ValueError, "cu_seqlens", "non-decreasing offsets"):
+        POOL_OP(**call([0, 3, 1, 4]))
+    assert len(counted_checks) == first  # the metadata checks did not run again: the offsets' check did
+
+
+def test_a_call_on_another_device_is_a_new_signature(counted_checks):
+    POOL_OP(**make_pool_call(K=5))
+    call = make_pool_call(K=5)
+    call["ssm_pool"] = meta_like(call["ssm_pool"])
+    with rejects(ValueError, "ssm_pool", "same as 'q'", "got device meta"):
+        POOL_OP(**call)

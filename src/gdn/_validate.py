@@ -3,12 +3,13 @@ what was expected and what came, before any backend sees the call."""
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -54,25 +55,25 @@ def value_check_mode() -> str:
     return mode
 
 
-@contextlib.contextmanager
-def deferred_value_checks() -> Iterator[list[Callable[[], None]]]:
+class deferred_value_checks:  # noqa: N801 (used as a function: `with deferred_value_checks() as pending`)
     """Collect the checks that read tensor values (cu_seqlens order, pool indices) instead of running
     them: each needs a device-to-host copy, which stalls the host until the device catches up. The
-    caller runs them with run_value_checks once it knows whether the serving kernel guards the values."""
-    pending: list[Callable[[], None]] = []
-    token = _pending.set(pending)
-    try:
-        yield pending
-    except (ValueError, TypeError):
-        # the call fails anyway: a bad value of an earlier argument (offsets that miscount the
-        # sequences) is the cause to name, as the checks run in argument order
-        _pending.reset(token)
-        token = None
-        run_value_checks(pending, kernel_guards=False)
-        raise
-    finally:
-        if token is not None:
-            _pending.reset(token)
+    caller runs them with run_value_checks once it knows whether the serving kernel guards the values.
+    (A class, not a generator: every op call enters it, and a generator's context costs more.)"""
+
+    __slots__ = ("pending", "token")
+
+    def __enter__(self) -> list[Callable[[], None]]:
+        self.pending: list[Callable[[], None]] = []
+        self.token = _pending.set(self.pending)
+        return self.pending
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        _pending.reset(self.token)
+        if kind is not None and issubclass(kind, (ValueError, TypeError)):
+            # the call fails anyway: a bad value of an earlier argument (offsets that miscount the
+            # sequences) is the cause to name, as the checks run in argument order
+            run_value_checks(self.pending, kernel_guards=False)
 
 
 def run_value_checks(pending: list[Callable[[], None]], *, kernel_guards: bool) -> None:
@@ -91,14 +92,87 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _value_check(check: Callable[[], None]) -> None:
-    """Run check now, or hold it for the op being prepared (deferred_value_checks)."""
+def _value_check(check: Callable[..., None], *args: Any) -> None:
+    """Run check(*args) now, or hold it for the op being prepared (deferred_value_checks)."""
+    for recorded in _recording.get():
+        recorded.append((check, args))
     pending = _pending.get()
     if pending is None:
         if value_check_mode() != "0" and not _capturing():
-            check()
+            check(*args)
     else:
-        pending.append(check)
+        pending.append(functools.partial(check, *args))
+
+
+# The value checks registered while remember_accepted validates, one list per validation under way (a
+# check that calls another records what the inner one registers too).
+_recording: ContextVar[tuple[list[tuple[Callable[..., None], tuple]], ...]] = ContextVar("gdn_recording", default=())
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+SCALARS = (type(None), bool, int, float, str)
+ACCEPTED_LIMIT = 4096
+Checked = TypeVar("Checked", bound=Callable[..., Any])
+
+
+def _metadata(value: object) -> object:
+    """What the metadata checks read of one argument, hashable; None for an argument they may read more
+    of (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in full."""
+    kind = type(value)
+    if kind in PLAIN_TENSORS:
+        return (value.shape, value.dtype, value.device)
+    if kind in SCALARS:
+        return (kind, value)
+    return None
+
+
+def remember_accepted(check: Checked) -> Checked:
+    """Validate each distinct signature once. The metadata checks read only the arguments' types,
+    shapes, dtypes, devices and scalar values; a call whose arguments match those of a call already
+    accepted gets that call's result without running them again (a decode step repeats one signature
+    every token, and the checks cost more host time than the kernel's launch). The value checks still
+    run per call, on this call's tensors: the accepted call's are recorded and re-registered."""
+    accepted: dict[tuple, tuple[Any, list[tuple[Callable[..., None], tuple]]]] = {}
+
+    @functools.wraps(check)
+    def checked(*args: Any) -> Any:
+        key = tuple(map(_metadata, args))
+        if None in key:
+            return check(*args)
+        hit = accepted.get(key)
+        if hit is not None:
+            result, recipes = hit
+            for value_check, where in recipes:
+                _value_check(value_check, *(args[i] if i is not None else const for i, const in where))
+            return result
+        recorded: list[tuple[Callable[..., None], tuple]] = []
+        token = _recording.set((*_recording.get(), recorded))
+        try:
+            result = check(*args)
+        finally:
+            _recording.reset(token)
+        recipes = [(fn, _positions(fn_args, args)) for fn, fn_args in recorded]
+        if all(where is not None for _, where in recipes):
+            if len(accepted) >= ACCEPTED_LIMIT:
+                accepted.clear()
+            accepted[key] = (result, recipes)
+        return result
+
+    checked.cache_clear = accepted.clear  # type: ignore[attr-defined]  (as functools' caches name it)
+    return checked  # type: ignore[return-value]
+
+
+def _positions(fn_args: tuple, args: tuple) -> tuple[tuple[int | None, Any], ...] | None:
+    """A recorded value check's arguments as (position in args, None) for a tensor the call passed in,
+    (None, value) for a constant; None when a tensor is not one of the call's (it cannot be replayed)."""
+    where = []
+    for value in fn_args:
+        if isinstance(value, torch.Tensor):
+            found = next((i for i, arg in enumerate(args) if arg is value), None)
+            if found is None:
+                return None
+            where.append((found, None))
+        else:
+            where.append((None, value))
+    return tuple(where)
 
 
 class Checker:
@@ -200,7 +274,7 @@ class Checker:
         if offsets.ndim != 1 or offsets.numel() < 2:
             self.fail(name, "a 1-D tensor [N + 1] with N >= 1 sequences", f"shape {_shape(offsets)}")
         if _has_values(offsets):
-            _value_check(lambda: self._offset_values(name, offsets, total, count_name))
+            _value_check(self._offset_values, name, offsets, total, count_name)
 
     def _offset_values(self, name: str, offsets: torch.Tensor, total: int, count_name: str) -> None:
         values = offsets.tolist()
@@ -220,7 +294,7 @@ class Checker:
         if indices.ndim != 1 or indices.numel() != rows:
             self.fail(name, f"a 1-D tensor [{rows}] (one slot per sequence)", f"shape {_shape(indices)}")
         if _has_values(indices):
-            _value_check(lambda: self._slot_values(name, indices, pool_name, pool_slots))
+            _value_check(self._slot_values, name, indices, pool_name, pool_slots)
 
     def _slot_values(self, name: str, indices: torch.Tensor, pool_name: str, pool_slots: int) -> None:
         seen: dict[int, int] = {}
@@ -249,6 +323,7 @@ class GdnShapes:
     N: int  # number of sequences: B, or len(cu_seqlens) - 1
 
 
+@remember_accepted
 def check_gdn_inputs(
     op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
 ) -> tuple[GdnShapes, float]:
@@ -304,6 +379,7 @@ def check_gdn_inputs(
     return GdnShapes(B, T, H, HV, K, V, N), c.scale(scale, K)
 
 
+@remember_accepted
 def check_pool_decode_inputs(
     op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel
 ) -> tuple[GdnShapes, float]:
@@ -336,6 +412,7 @@ def check_conv_weight(c: Checker, x, weight, bias, dim: int) -> int:
     return width
 
 
+@remember_accepted
 def check_conv_fn_inputs(
     x,
     weight,
@@ -428,6 +505,7 @@ def check_conv_fn_inputs(
             c.slot_indices("cache_indices", cache_indices, N, "conv_states", slots)
 
 
+@remember_accepted
 def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices) -> None:
     c = Checker("causal_conv1d_update")
     c.tensor("x", x)
@@ -462,6 +540,7 @@ def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state
         c.slot_indices("conv_state_indices", conv_state_indices, B, "conv_state", slots)
 
 
+@remember_accepted
 def check_l2norm_inputs(x, eps) -> None:
     c = Checker("l2norm")
     c.tensor("x", x)
@@ -471,6 +550,7 @@ def check_l2norm_inputs(x, eps) -> None:
     c.positive_float("eps", eps, "a positive float")
 
 
+@remember_accepted
 def check_gating_inputs(A_log, a, b, dt_bias) -> None:
     c = Checker("fused_gdn_gating")
     for name, t in (("A_log", A_log), ("a", a), ("b", b), ("dt_bias", dt_bias)):

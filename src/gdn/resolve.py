@@ -127,12 +127,17 @@ def backends() -> dict[str, Backend]:
     return dict(_registry())
 
 
+def guards_values(backend: str, op: str) -> bool:
+    """Whether `backend`'s kernel for `op` guards the values that the value checks read."""
+    return op in _registry()[backend].guards_values
+
+
 def modes() -> list[str]:
     return [AUTO, *backends()]
 
 
 def _check_mode(mode: str, source: str) -> str:
-    if mode not in modes():
+    if mode != AUTO and mode not in _registry():
         raise ValueError(f"{source}: expected one of {modes()}, got {mode!r}")
     return mode
 
@@ -232,9 +237,13 @@ def _log_decision(res: Resolution) -> None:
 
 
 def resolve(op: str, device: torch.device | str) -> Resolution:
-    device = torch.device(device)
+    if not isinstance(device, torch.device):
+        device = torch.device(device)
     mode = compute_mode()
     key = (op, device.type, mode)
+    res = _cache.get(key)  # every call of an op asks again: a decision made is read without the lock
+    if res is not None:
+        return res
     with _lock:
         res = _cache.get(key)
         if res is None:
