@@ -339,11 +339,12 @@ def test_launch_config_heuristic(monkeypatch):
         cfg = decode.launch_config(N, 32, K, V, gpu)
         return cfg.BV, cfg.num_warps
 
-    assert pick(64) == (64, 4)  # enough programs: two 128-byte lines per state row, 64 values per thread
+    assert pick(64) == (32, 1)  # enough programs: the widest slice, 128 values per thread
+    assert pick(256) == (32, 1)
     assert pick(4) == (16, 1)  # 4 * 32 * 4 programs would leave the SMs short of loads in flight
     assert pick(1) == (8, 1)
-    assert pick(256, K=256) == (32, 4)  # the register budget caps the tile
-    assert pick(256, K=512) == (16, 4)
+    assert pick(256, K=256) == (16, 1)  # the register budget caps the tile
+    assert pick(256, K=512) == (8, 1)
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
@@ -479,7 +480,7 @@ def call(op, B, T, K=128, V=128, cu=None, **kwargs):
 POOL = "fused_recurrent_gated_delta_rule_update"
 PLAIN = "fused_recurrent_gated_delta_rule"
 RESULT["usage"] = {}
-for BV, warps in ((64, 4), (32, 4), (16, 2), (8, 1)):
+for BV, warps in ((64, 4), (32, 4), (32, 1), (16, 2), (8, 1)):
     decode.OVERRIDES.update(BV=BV, num_warps=warps)
     RESULT["usage"][f"pool BV={BV} warps={warps}"] = compile_sm90(call(POOL, 256, 1))
 decode.OVERRIDES.clear()

@@ -46,12 +46,16 @@ from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 from gdn.calls import GdnCall, PoolDecodeCall
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
-# The widest V slice: 64 fp32 columns are two 128-byte lines per state row.
-MAX_BV = 64
+# The widest V slice, and the state elements each thread holds. One warp per 128 x 32 tile (128 per
+# thread) beat every other (BV, warps) of a sweep on the H200 (Triton 3.6, HV = 32, K = V = 128,
+# 2026-12-01): at B = 64 / 256, 85 / 323 µs with an fp32 pool against 88 / 334 µs for 128 x 64 over
+# 4 warps, and 60 / 240 µs against 72 / 280 µs with a bf16 pool; wider tiles and more warps were slower.
+MAX_BV = 32
 MIN_BV = 8
-# State elements one program holds (registers): 128 x 64 fp32 is 64 per thread at 4 warps.
-MAX_TILE = 8192
-ELEMENTS_PER_THREAD = 64
+# State elements one program holds, whatever K is: at K = V = 256 a 256 x 32 tile over 2 warps spilled
+# registers (ptxas for sm_90), a 256 x 16 tile over 1 warp does not.
+MAX_TILE = 4096
+ELEMENTS_PER_THREAD = 128
 # Below this many programs per SM the GPU runs short of loads in flight: narrow the V slices.
 PROGRAMS_PER_SM = 4
 # Slot indices (and offsets) a program's threads read per step of the device-side checks: one each,
@@ -297,8 +301,8 @@ class LaunchConfig:
 
 
 def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> LaunchConfig:
-    """Wide V slices (whole 128-byte lines per state row, fewer redundant q/k loads) unless the grid
-    would then be too small to keep the GPU's memory system busy; 64 state elements per thread.
+    """Wide V slices (fewer redundant q/k loads) unless the grid would then be too small to keep the
+    GPU's memory system busy; 128 state elements per thread.
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
