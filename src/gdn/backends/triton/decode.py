@@ -214,26 +214,34 @@ def _recurrent_kernel(
     mask_k = o_k < K
     if USE_POOL:
         slot = tl.load(slots_ptr + i_n).to(tl.int64)
+        in_range = (slot >= 0) & (slot < SLOTS)
+        # The state load waits only on the slot being in range; the scans over the other rows (a
+        # repeated slot, offsets out of order) decide whether anything is written, and run while the
+        # state is on its way: gating the load on them left each program's load behind N / BLOCK_N
+        # dependent reads. A padding slot (-1), one out of range and a sequence without tokens move
+        # no state at all.
+        load_k = mask_k & (as_block(in_range.to(tl.int64), BK) > 0) & (as_block(eos - bos, BK) > 0)
+        row = tl.where(in_range, slot, 0)
         repeats = _repeats(slots_ptr, i_n, slot, N, BLOCK_N)
         wrong = (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + out_of_order
         wrong += ((slot >= 0) & (repeats > 0)).to(tl.int32)
         live = (slot >= 0) & (wrong == 0)
         fill = tl.where(wrong > 0, float("nan"), 0.0)  # a refused slot or offsets: NaN outputs
-        # A padding slot (-1), a refused one and a sequence without tokens leave the pool untouched:
-        # no state traffic at all for them.
-        mask_k = mask_k & (as_block(live.to(tl.int64), BK) > 0) & (as_block(eos - bos, BK) > 0)
-        row = tl.where(live, slot, 0)
+        # a refused row (repeated slot, offsets out of order) leaves the pool untouched
+        mask_k = load_k & (as_block(live.to(tl.int64), BK) > 0)
     else:
         live = True
         fill = 0.0  # unused: every row of a plain call is served
         row = i_n.to(tl.int64)
+        load_k = mask_k
+    mask_load = load_k[:, None] & (o_v < V)[None, :]
     mask_h = mask_k[:, None] & (o_v < V)[None, :]
     state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
     p_h = o_k[:, None] * stride_hk + o_v[None, :] * stride_hv  # within one slot and head: 32-bit
 
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        h += tl.load(h0_ptr + state_base + p_h, mask=mask_h, other=0.0).to(tl.float32)
+        h += tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
     if live:
         if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
             t = bos
