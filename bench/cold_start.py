@@ -1,0 +1,196 @@
+"""Cold start of chunk_gated_delta_rule: what the first forward+backward costs in a fresh process with
+empty compile caches, gdn's broken into its phases, next to fla and FlashQLA (GPU).
+
+Each implementation runs in a child process of its own, with its own empty TRITON_CACHE_DIR and
+TILELANG_CACHE_DIR (nothing compiled before is reused, as on a fresh node or rank). gdn's phases, each
+timed to a device synchronisation:
+
+- `import`: import torch and gdn, and the first CUDA allocation (the context);
+- `resolve`: gdn.resolve's decision for the op, the numeric probe included (it runs the kernels on its
+  own small fp32 cases: binaries a bf16 call does not use);
+- `first fwd`, `first bwd`: the first call at (1, 8192, 16, 32, 128) bf16, l2norm in the kernel, and its
+  backward (they compile the call's own binaries);
+- `again`: the same forward+backward once more (all compiled: the warm time);
+- `new T`: a forward+backward at half the length (no binary should be new: lengths are runtime);
+- `new head dim`: one at half the head dim as well (K = V = 64).
+
+The binaries each Triton kernel compiled (Triton's in-process caches) are counted per phase. A peer's
+row has its first forward+backward (fla's autotuning and FlashQLA's TileLang JIT included) and the next.
+
+Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla flashqla] [--timeout 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+SHAPE = (1, 8192, 16, 32, 128)
+IMPLS = ("gdn", "fla", "flashqla")
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    import torch
+
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return round(time.perf_counter() - start, 2)
+
+
+def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Callable, Callable]:
+    """(forward, backward) of one call on fresh inputs; backward needs forward's output first."""
+    from bench._common import chunk_inputs
+
+    leaves = [x.requires_grad_() for x in chunk_inputs(B, T, H, HV, D)]
+    out: list = []
+
+    def forward():
+        out[:] = [call(*leaves)]
+
+    def backward():
+        out[0].float().sum().backward()
+
+    return forward, backward
+
+
+def _binaries() -> dict[str, int]:
+    """Binaries compiled so far per gdn Triton kernel (Triton >= 3.3 keeps them in device_caches,
+    3.2 in cache)."""
+    from triton.runtime.jit import JITFunction
+
+    from gdn.backends.triton import chunk, l2norm
+    from gdn.backends.triton.common import output, qk_grads, state, wy, wy_bwd
+
+    counts = {}
+    for module in (wy, wy_bwd, state, output, qk_grads, l2norm, chunk):
+        for name, kernel in vars(module).items():
+            if isinstance(kernel, JITFunction) and name.endswith("_kernel"):
+                caches = getattr(kernel, "device_caches", None)
+                found = (
+                    sum(len(entry[0]) for entry in caches.values())
+                    if caches is not None
+                    else sum(len(cache) for cache in kernel.cache.values())
+                )
+                counts[name] = found
+    return counts
+
+
+def child_gdn() -> dict:
+    phases: dict[str, float] = {}
+    start = time.perf_counter()
+    import torch
+
+    import gdn
+    import gdn.resolve
+
+    torch.empty(1, device="cuda")
+    torch.cuda.synchronize()
+    phases["import"] = round(time.perf_counter() - start, 2)
+    compiled: dict[str, dict[str, int]] = {}
+
+    def after(phase: str) -> None:
+        compiled[phase] = {k: v for k, v in _binaries().items() if v}
+
+    phases["resolve"] = _timed(lambda: gdn.resolve.resolve("chunk_gated_delta_rule", "cuda"))
+    after("resolve")
+
+    def call(q, k, v, g, beta):
+        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+
+    forward, backward = _step(call, *SHAPE)
+    phases["first fwd"] = _timed(forward)
+    phases["first bwd"] = _timed(backward)
+    after("first fwd+bwd")
+    forward, backward = _step(call, *SHAPE)
+    phases["again"] = _timed(lambda: (forward(), backward()))
+    B, T, H, HV, D = SHAPE
+    forward, backward = _step(call, B, T // 2, H, HV, D)
+    phases["new T"] = _timed(lambda: (forward(), backward()))
+    after("new T")
+    forward, backward = _step(call, B, T // 2, H, HV, D // 2)
+    phases["new head dim"] = _timed(lambda: (forward(), backward()))
+    after("new head dim")
+    return {"phases_s": phases, "binaries": compiled, "route": gdn.resolve.last_route()}
+
+
+def child_peer(impl: str) -> dict:
+    start = time.perf_counter()
+    import torch
+
+    if impl == "fla":
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    else:
+        from flash_qla import chunk_gated_delta_rule
+    torch.empty(1, device="cuda")
+    torch.cuda.synchronize()
+    phases = {"import": round(time.perf_counter() - start, 2)}
+
+    def call(q, k, v, g, beta):
+        return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
+
+    forward, backward = _step(call, *SHAPE)
+    phases["first fwd+bwd"] = _timed(lambda: (forward(), backward()))
+    forward, backward = _step(call, *SHAPE)
+    phases["again"] = _timed(lambda: (forward(), backward()))
+    return {"phases_s": phases}
+
+
+def run_child(impl: str, timeout: float) -> dict:
+    """One implementation in a fresh interpreter with empty caches; its JSON, or why there is none."""
+    with tempfile.TemporaryDirectory(prefix="gdn-cold-") as tmp:
+        env = os.environ | {"TRITON_CACHE_DIR": f"{tmp}/triton", "TILELANG_CACHE_DIR": f"{tmp}/tilelang"}
+        output = Path(tmp) / "result.json"
+        command = [sys.executable, "-m", "bench.cold_start", "--child", impl, "--output", str(output)]
+        start = time.perf_counter()
+        try:
+            done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"impl": impl, "error": f"not done after {timeout:.0f} s"}
+        wall = round(time.perf_counter() - start, 2)
+        if done.returncode != 0:
+            return {"impl": impl, "error": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else "failed"}
+        return {"impl": impl, "process_s": wall, **json.loads(output.read_text())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    parser.add_argument("--child", choices=IMPLS, help=argparse.SUPPRESS)
+    parser.add_argument("--output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        result = child_gdn() if args.child == "gdn" else child_peer(args.child)
+        Path(args.output).write_text(json.dumps(result))
+        return
+
+    from bench._common import environment, print_table, write_results
+
+    results = [run_child(impl, args.timeout) for impl in args.impls]
+    rows = [
+        {"impl": r["impl"], "phase": phase, "s": s}
+        for r in results
+        for phase, s in (r.get("phases_s") or {"error": r.get("error")}).items()
+    ]
+    print_table(rows, ["impl", "phase", "s"])
+    for r in results:
+        for phase, counts in (r.get("binaries") or {}).items():
+            print(f"{r['impl']} binaries after {phase}: {sum(counts.values())} {counts}")
+    payload = {
+        "environment": environment("fla-core", "flash-qla", "tilelang"),
+        "shape": dict(zip(("B", "T", "H", "HV", "K=V"), SHAPE, strict=True)),
+        "results": results,
+    }
+    print(f"written {write_results('cold-start', payload)}")
+
+
+if __name__ == "__main__":
+    main()
