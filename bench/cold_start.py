@@ -2,7 +2,8 @@
 empty compile caches, gdn's broken into its phases, next to fla and FlashQLA (GPU).
 
 Each implementation runs in a child process of its own, with its own empty TRITON_CACHE_DIR and
-TILELANG_CACHE_DIR (nothing compiled before is reused, as on a fresh node or rank). gdn's phases, each
+TILELANG_CACHE_DIR (nothing compiled before is reused, as on a fresh node or rank). `fla` is fla as
+installed (its chunk op goes to FlashQLA where FlashQLA is), `fla-triton` fla with FLA_FLASH_QLA=0. gdn's phases, each
 timed to a device synchronisation:
 
 - `import`: import torch and gdn, and the first CUDA allocation (the context);
@@ -17,7 +18,7 @@ timed to a device synchronisation:
 The binaries each Triton kernel compiled (Triton's in-process caches) are counted per phase. A peer's
 row has its first forward+backward (fla's autotuning and FlashQLA's TileLang JIT included) and the next.
 
-Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla flashqla] [--timeout 600]
+Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla fla-triton flashqla] [--timeout 600]
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHAPE = (1, 8192, 16, 32, 128)
-IMPLS = ("gdn", "fla", "flashqla")
+IMPLS = ("gdn", "fla", "fla-triton", "flashqla")
+# fla hands its chunk op to FlashQLA where FlashQLA is installed; fla-triton is fla with that turned off
+CHILD_ENV = {"fla-triton": {"FLA_FLASH_QLA": "0"}}
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -125,7 +128,7 @@ def child_peer(impl: str) -> dict:
     start = time.perf_counter()
     import torch
 
-    if impl == "fla":
+    if impl.startswith("fla"):
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     else:
         from flash_qla import chunk_gated_delta_rule
@@ -146,7 +149,8 @@ def child_peer(impl: str) -> dict:
 def run_child(impl: str, timeout: float) -> dict:
     """One implementation in a fresh interpreter with empty caches; its JSON, or why there is none."""
     with tempfile.TemporaryDirectory(prefix="gdn-cold-") as tmp:
-        env = os.environ | {"TRITON_CACHE_DIR": f"{tmp}/triton", "TILELANG_CACHE_DIR": f"{tmp}/tilelang"}
+        caches = {"TRITON_CACHE_DIR": f"{tmp}/triton", "TILELANG_CACHE_DIR": f"{tmp}/tilelang"}
+        env = os.environ | caches | CHILD_ENV.get(impl, {})
         output = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "bench.cold_start", "--child", impl, "--output", str(output)]
         start = time.perf_counter()
