@@ -74,6 +74,7 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
         w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
         h, v_new, final_state = state_forward(k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot)
+        del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
         o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
 
         ctx.save_for_backward(q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
@@ -100,8 +101,9 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot)
         dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
         dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot)
+        del w, u  # as in the forward: freed before qk_grads allocates its outputs
         dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
-        del h, dh, v_new, w
+        del h, dh, v_new
         dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
 
         if ctx.use_qk_l2norm_in_kernel:
