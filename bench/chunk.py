@@ -4,7 +4,8 @@ run (GPU); a peer that does not import is left out with its reason.
 Times forward and forward+backward (median of triton.testing.do_bench) and the peak memory each
 allocates, bf16, q/k l2norm in the kernel, at the issue's shapes. FLA's Hopper guard (its gated
 backward refuses Triton >= 3.4, < 3.7.1) is bypassed for timing only: its numbers there are not a
-statement that its backward is correct on that stack. Also checks each implementation against eager.
+statement that its backward is correct on that stack. Also checks each implementation against eager:
+the worst of o and the five gradients, and the gate's gradient summed over the tokens per head.
 
 With --sweep, also the triton forward+backward under each setting of SWEEP (knobs of
 gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
@@ -143,17 +144,24 @@ def measure(fn, inputs, do) -> dict:
     }
 
 
-def agreement(fn, ref, inputs, do) -> str:
-    """max over o and the five gradients of ||impl - eager|| / ||eager||."""
+GRADS = ("dq", "dk", "dv", "dg", "dbeta")
+
+
+def agreement(fn, ref, inputs, do) -> dict[str, float]:
+    """||impl - eager|| / ||eager|| of o and each of the five gradients, and of the gate's gradient
+    summed over the tokens per head (`dg summed`: what a per-head gate parameter such as A_log
+    receives, where errors of one sign add up instead of averaging out)."""
     results = []
     for f in (fn, ref):
         for x in inputs:
             x.grad = None
         out, _ = f(*inputs)
         out.backward(do)
-        results.append([out.detach().float(), *(x.grad.float() for x in inputs)])
-    worst = max(((a - b).norm() / b.norm()).item() for a, b in zip(*results, strict=True))
-    return f"{worst:.2e}"
+        found = dict(zip(("o", *GRADS), [out.detach(), *(x.grad for x in inputs)], strict=True))
+        found["dg summed"] = found["dg"].sum(dim=(0, 1))
+        results.append({name: t.double() for name, t in found.items()})
+    impl, eager = results
+    return {name: float(f"{((impl[name] - want).norm() / want.norm()).item():.2e}") for name, want in eager.items()}
 
 
 def sweep_rows(inputs, do, shape: str) -> list[dict]:
@@ -228,8 +236,12 @@ def main() -> None:
             shape = f"B={B} T={T} H={H} HV={HV} K=V={D}" + (f" packed N={PACKED_SEQUENCES}" if packed else "")
             bound = {name: functools.partial(fn, cu_seqlens=cu) for name, fn in impls.items()}
             for name, fn in bound.items():
-                check = agreement(fn, bound["eager"], inputs, do) if name != "eager" else "-"
-                rows.append({"shape": shape, "impl": name, **measure(fn, inputs, do), "rel_err_vs_eager": check})
+                row = {"shape": shape, "impl": name, **measure(fn, inputs, do)}
+                if name != "eager":
+                    errors = agreement(fn, bound["eager"], inputs, do)
+                    worst = max(v for k, v in errors.items() if k != "dg summed")
+                    row |= {"rel_err_vs_eager": worst, "dg_summed_err": errors["dg summed"], "rel_err": errors}
+                rows.append(row)
                 print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
             if "--sweep" in sys.argv:
                 sweep += sweep_rows(inputs, do, shape)
@@ -245,7 +257,16 @@ def main() -> None:
             row["fwd_bwd_vs_fla"] = round(row["fwd_bwd_ms"] / fla["fwd_bwd_ms"], 3)
             row["fwd_vs_fla"] = round(row["fwd_ms"] / fla["fwd_ms"], 3)
     env = environment("fla-core", "flash-qla", "tilelang")
-    columns = ["shape", "impl", "fwd_ms", "fwd_bwd_ms", "fwd_peak_gib", "fwd_bwd_peak_gib", "rel_err_vs_eager"]
+    columns = [
+        "shape",
+        "impl",
+        "fwd_ms",
+        "fwd_bwd_ms",
+        "fwd_peak_gib",
+        "fwd_bwd_peak_gib",
+        "rel_err_vs_eager",
+        "dg_summed_err",
+    ]
     print_table(rows, [*columns, "fwd_vs_fla", "fwd_bwd_vs_fla"])
     payload = {
         "environment": env,
