@@ -1,10 +1,11 @@
 """The `flashqla` backend: an adapter for FlashQLA (import package `flash_qla`, distribution flash-qla;
 Qwen's fused TileLang GDN prefill kernels), a peer under test and never a requirement.
 
-It serves the chunk op on CUDA GPUs, after `triton` and `fla` in auto: our own kernel times about the
-same at (1, 8192) and needs no per-shape JIT (FlashQLA's first fwd+bwd of a new shape compiles for
-minutes), FlashQLA covers one op in half precision at K = V = 128 only, and fla already hands its chunk
-op to FlashQLA whenever both are installed. Route: "flashqla:<version>".
+It serves the chunk op on CUDA GPUs, after `triton` and `fla` in auto, although it is the faster
+kernel at most shapes (README): our own kernel needs no per-shape JIT (FlashQLA's first fwd+bwd of a new
+shape compiles for tens of seconds to minutes), FlashQLA covers one op in half precision at K = V = 128
+only, fla already hands its chunk op to FlashQLA whenever both are installed, and through it the
+matrix's mini-GRPO update did not match eager on the H200. Route: "flashqla:<version>".
 
 FlashQLA takes our layout as is (q, k [B, T, H, K], v [B, T, HV, V] with grouped value heads, states
 [N, HV, K, V] of any float dtype, varlen through cu_seqlens with B = 1, q/k l2norm in its kernel,
