@@ -1662,3 +1662,18 @@ def test_a_call_on_another_device_is_a_new_signature(counted_checks):
     call["ssm_pool"] = meta_like(call["ssm_pool"])
     with rejects(ValueError, "ssm_pool", "same as 'q'", "got device meta"):
         POOL_OP(**call)
+
+
+def test_a_remembered_signature_keeps_no_tensor_of_its_call_alive(counted_checks):
+    """The memory holds what the checks read, never the tensors: a serving loop's inputs of every step
+    must be freed as before."""
+    import gc
+    import weakref
+
+    call = make_pool_call(B=1, T=3, slots=2, K=5)
+    call["cu_seqlens"] = torch.tensor([0, 3])
+    refs = [weakref.ref(t) for t in call.values()]
+    POOL_OP(**call)
+    del call
+    gc.collect()
+    assert all(ref() is None for ref in refs)
