@@ -10,11 +10,11 @@ matrix's mini-GRPO update did not match eager on the H200. Route: "flashqla:<ver
 FlashQLA takes our layout as is (q, k [B, T, H, K], v [B, T, HV, V] with grouped value heads, states
 [N, HV, K, V] of any float dtype, varlen through cu_seqlens with B = 1, q/k l2norm in its kernel,
 scale). It imports only on SM90, SM100/103 and SM120/121 (its import raises elsewhere, which makes the
-backend unavailable with that reason). Sequences without tokens, which FlashQLA
-refuses, are kept out of its call (their final state is their initial state); a half-precision g
-reaches it as fp32, the dtype its backward requires. A call it cannot take (q/k/v not all bf16 or all
-fp16, K or V not 128) is refused per call (`Backend.refusal`): gdn.resolve serves it with the next candidate and
-counts the reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
+backend unavailable with that reason). Sequences without tokens, which FlashQLA refuses, are kept out
+of its call (their final state is their initial state); a half-precision g reaches it as fp32, the
+dtype its backward requires. A call it cannot take (q/k/v not all bf16 or all fp16, K or V not 128) is
+refused per call (`Backend.refusal`): gdn.resolve serves it with the next candidate and counts the
+reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError instead.
 """
 
 from __future__ import annotations
