@@ -15,7 +15,9 @@ timed to a device synchronisation:
 - `new T`: a forward+backward at half the length (no binary should be new: lengths are runtime);
 - `new head dim`: one at half the head dim as well (K = V = 64).
 
-The binaries each Triton kernel compiled (Triton's in-process caches) are counted per phase. A peer's
+The binaries each Triton kernel compiled (Triton's in-process caches) and the launchers built (Triton's
+cache directory) are counted per phase, and whether this Triton compiles a call's binaries ahead, in
+parallel (gdn.backends.triton.compile_ahead), is recorded. A peer's
 row has its first forward+backward (fla's autotuning and FlashQLA's TileLang JIT included) and the next.
 
 Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla fla-triton flashqla] [--timeout 600]
@@ -86,6 +88,11 @@ def _binaries() -> dict[str, int]:
     return counts
 
 
+def _launchers() -> int:
+    """Launchers built so far: one shared library per distinct launch signature in Triton's cache."""
+    return sum(1 for _ in Path(os.environ["TRITON_CACHE_DIR"]).rglob("__triton_launcher*"))
+
+
 def child_gdn() -> dict:
     phases: dict[str, float] = {}
     start = time.perf_counter()
@@ -98,9 +105,11 @@ def child_gdn() -> dict:
     torch.cuda.synchronize()
     phases["import"] = round(time.perf_counter() - start, 2)
     compiled: dict[str, dict[str, int]] = {}
+    launchers: dict[str, int] = {}
 
     def after(phase: str) -> None:
         compiled[phase] = {k: v for k, v in _binaries().items() if v}
+        launchers[phase] = _launchers()
 
     phases["resolve"] = _timed(lambda: gdn.resolve.resolve("chunk_gated_delta_rule", "cuda"))
     after("resolve")
@@ -121,7 +130,15 @@ def child_gdn() -> dict:
     forward, backward = _step(call, B, T // 2, H, HV, D // 2)
     phases["new head dim"] = _timed(lambda: (forward(), backward()))
     after("new head dim")
-    return {"phases_s": phases, "binaries": compiled, "route": gdn.resolve.last_route()}
+    from gdn.backends.triton import compile_ahead
+
+    return {
+        "phases_s": phases,
+        "binaries": compiled,
+        "launchers": launchers,
+        "compiles_ahead": compile_ahead.supported(),
+        "route": gdn.resolve.last_route(),
+    }
 
 
 def child_peer(impl: str) -> dict:
@@ -187,7 +204,10 @@ def main() -> None:
     print_table(rows, ["impl", "phase", "s"])
     for r in results:
         for phase, counts in (r.get("binaries") or {}).items():
-            print(f"{r['impl']} binaries after {phase}: {sum(counts.values())} {counts}")
+            built = (r.get("launchers") or {}).get(phase)
+            print(f"{r['impl']} binaries after {phase}: {sum(counts.values())}, launchers {built}: {counts}")
+        if "compiles_ahead" in r:
+            print(f"{r['impl']} compiles a call's binaries ahead, in parallel: {r['compiles_ahead']}")
     payload = {
         "environment": environment("fla-core", "flash-qla", "tilelang"),
         "shape": dict(zip(("B", "T", "H", "HV", "K=V"), SHAPE, strict=True)),

@@ -19,8 +19,10 @@ if not torch.cuda.is_available():
 triton = pytest.importorskip("triton")
 
 from gdn.backends.triton import chunk as triton_chunk  # noqa: E402 - after TRITON_INTERPRET
+from gdn.backends.triton import compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
+from gdn.backends.triton.chunk_index import plan_chunks  # noqa: E402
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
@@ -190,14 +192,15 @@ def test_unknown_knob_is_an_error(monkeypatch):
 
 
 class Launches:
-    """Every launch of the chunk and l2norm kernels: (kernel, grid, args, kwargs). Under the interpreter
-    the kernels are not run (only what is launched is of interest, and tensors stay unwritten).
+    """Every launch of the chunk and l2norm kernels: (kernel, grid, args, kwargs, warm-up only). Under
+    the interpreter the kernels are not run (only what is launched is of interest, and tensors stay
+    unwritten).
 
     A recorder stands in for each kernel in its module and catches `kernel[grid](...)` itself: patching
     the kernel's `run` misses the launches of Triton 3.2's interpreter, whose `[grid]` bypasses `run`."""
 
     def __init__(self, monkeypatch):
-        self.calls: list[tuple[object, tuple, tuple, dict]] = []
+        self.calls: list[tuple[object, tuple, tuple, dict, bool]] = []
         for module in KERNEL_MODULES:
             for name, kernel in list(vars(module).items()):
                 if name.startswith("_") and name.endswith("_kernel"):
@@ -210,10 +213,14 @@ class _Recorder:
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.calls.append((self.kernel, grid, args, kwargs))
+            self.calls.append((self.kernel, grid, args, kwargs, False))
             return None if is_interpreting() else self.kernel[grid](*args, **kwargs)
 
         return launch
+
+    def warmup(self, *args, grid, **kwargs):
+        self.calls.append((self.kernel, grid, args, kwargs, True))
+        return None if is_interpreting() else self.kernel.warmup(*args, grid=grid, **kwargs)
 
 
 def run_op(T, cu_seqlens=None, N=1):
@@ -258,7 +265,7 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch):
         launches.calls.clear()
         run_op(T)
         run_op(T, cu_seqlens=[0, 1, T // 2, T], N=3)
-        for kernel, _, args, kwargs in launches.calls:
+        for kernel, _, args, kwargs, _ in launches.calls:
             keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
     first = keys[LENGTHS[0]]
     assert len([name for name in first if "l2norm" not in name]) == 8
@@ -275,7 +282,7 @@ def test_narrow_slices_launch_at_most_four_warps(monkeypatch):
     monkeypatch.setattr(config, "OVERRIDES", narrow)
     launches = Launches(monkeypatch)
     run_op(70)
-    warps = {kernel.fn.__name__: kwargs["num_warps"] for kernel, _, _, kwargs in launches.calls}
+    warps = {kernel.fn.__name__: kwargs["num_warps"] for kernel, _, _, kwargs, _ in launches.calls}
     assert warps["_qk_grads_kernel"] == 4 and warps["_wy_bwd_kernel"] == 4, warps
     assert config.narrow_slice_warps(8, 32, 64) == 8
 
@@ -299,6 +306,61 @@ def test_one_compiled_binary_per_kernel_across_lengths():
     assert not grew, f"new binaries compiled for new sequence lengths: {grew}"
 
 
+def prepared_call(gen, T, H, HV, K, V, cu_seqlens, dtype=torch.bfloat16):
+    """A validated call with every option on (initial state with gradient, final state, l2norm, varlen)."""
+    N = len(cu_seqlens) - 1
+    leaves = [x.to(DEVICE).requires_grad_() for x in make_inputs(gen, T, H, HV, K, V, N=N, dtype=dtype)]
+    cu = torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
+    call = PREPARE["chunk_gated_delta_rule"](
+        *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+    )
+    return call, plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, config.CHUNK)
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
+    """Compiling ahead warms up, launch by launch, the binaries a forward+backward then launches: the
+    same kernels, grids and specializations in the same order, and runs none of them."""
+    launches = Launches(monkeypatch)
+    call, plan = prepared_call(gen, 150, 2, 4, 32, 48, [0, 70, 150])
+    compile_ahead.dry_run(lambda: triton_chunk._dry_step(call, plan, needs_grad=True))
+    assert all(warm for *_, warm in launches.calls)
+    dry = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, _ in launches.calls]
+    launches.calls.clear()
+    o, final = triton_chunk.chunk_gated_delta_rule(call)
+    (o.float().sum() + final.sum()).backward()
+    real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
+    assert len(real) == 14 and dry == real  # 6 launches forward, 8 backward
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
+def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, gen):
+    """The first forward+backward of a new kernel class compiles its binaries ahead (in parallel),
+    so that the call itself compiles none, and its result is the fp64 recurrence's."""
+    if not compile_ahead.supported():
+        pytest.skip(f"Triton {triton.__version__} has no asynchronous compile mode: kernels compile at launch")
+    kernels = [k for m in KERNEL_MODULES for n, k in vars(m).items() if n.startswith("_") and n.endswith("_kernel")]
+    counts = {}
+    apply = triton_chunk.ChunkGatedDeltaRuleFunction.apply
+
+    def counting_apply(*args):
+        counts["ahead"] = sum(compiled_binaries(k) for k in kernels)
+        return apply(*args)
+
+    monkeypatch.setattr(triton_chunk.ChunkGatedDeltaRuleFunction, "apply", counting_apply)
+    before = sum(compiled_binaries(k) for k in kernels)
+    # head counts and dims no other test uses: a kernel class new to this process
+    inputs = make_inputs(gen, 150, 3, 9, 40, 40, N=2, dtype=torch.bfloat16)
+    check_against_recurrence(
+        gen, inputs, TOL[torch.bfloat16], cu_seqlens=[0, 70, 150], l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL
+    )
+    after = sum(compiled_binaries(k) for k in kernels)
+    assert counts["ahead"] > before, "nothing was compiled ahead"
+    assert after == counts["ahead"], f"the call compiled {after - counts['ahead']} binaries after the dry run"
+
+
 @pytest.mark.single_op
 def test_many_sequences_stay_within_launch_limits(monkeypatch):
     """70000 one-token sequences: the per-chunk and per-sequence grid axes are axis 0 (2^31 - 1); axes
@@ -306,9 +368,9 @@ def test_many_sequences_stay_within_launch_limits(monkeypatch):
     launches = Launches(monkeypatch)
     N = 70_000
     run_op(N, cu_seqlens=list(range(N + 1)), N=N)
-    chunk_kernels = {kernel for kernel, _, _, _ in launches.calls if "l2norm" not in kernel.fn.__name__}
+    chunk_kernels = {kernel for kernel, _, _, _, _ in launches.calls if "l2norm" not in kernel.fn.__name__}
     assert len(chunk_kernels) == 8
-    for kernel, grid, _, _ in launches.calls:
+    for kernel, grid, _, _, _ in launches.calls:
         assert grid[0] < 2**31 and all(axis <= 65535 for axis in grid[1:]), (kernel.fn.__name__, grid)
         if kernel in chunk_kernels:
             assert grid[0] >= N, (kernel.fn.__name__, grid)

@@ -13,6 +13,7 @@ per token and head) and the initial state.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +25,7 @@ from gdn.backends.triton.common.qk_grads import qk_grads
 from gdn.backends.triton.common.state import state_backward, state_forward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
+from gdn.backends.triton.compile_ahead import compile_ahead
 from gdn.backends.triton.l2norm import l2norm_bwd, l2norm_fwd
 from gdn.calls import GdnCall
 
@@ -46,6 +48,83 @@ def _gpu_fp32_precision() -> str:
     return "tf32x3" if flavour().target == "cuda" else "ieee"
 
 
+@dataclass(frozen=True)
+class _Saved:
+    """What the backward needs from the forward besides its tensors."""
+
+    g_dtype: torch.dtype
+    scale: float
+    plan: ChunkPlan
+    tiles: Tiles
+    fp32_dot: str | None
+    use_qk_l2norm_in_kernel: bool
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    scale: float,
+    output_final_state: bool,
+    plan: ChunkPlan,
+    use_qk_l2norm_in_kernel: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None, tuple, _Saved]:
+    """-> (o, final state, the tensors the backward keeps, the rest it needs)."""
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    q_rstd = k_rstd = None
+    if use_qk_l2norm_in_kernel:
+        q, q_rstd = l2norm_fwd(q, L2NORM_EPS)
+        k, k_rstd = l2norm_fwd(k, L2NORM_EPS)
+    tiles, fp32_dot = tiles_for(k.shape[-1], v.shape[-1], k.element_size()), _fp32_dot(k.dtype)
+    HV = v.shape[2]
+
+    gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
+    w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
+    h, v_new, final_state = state_forward(k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot)
+    del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
+    o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
+    kept = (q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
+    return o, final_state, kept, _Saved(g.dtype, scale, plan, tiles, fp32_dot, use_qk_l2norm_in_kernel)
+
+
+def _backward(
+    kept: tuple, saved: _Saved, do: torch.Tensor, dht: torch.Tensor | None, want_dh0: bool
+) -> tuple[torch.Tensor, ...]:
+    """-> (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype."""
+    q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd = kept
+    plan, tiles, fp32_dot, scale = saved.plan, saved.tiles, saved.fp32_dot, saved.scale
+    do = do.contiguous()
+    if dht is not None:
+        dht = dht.contiguous()
+    want_dh0 = want_dh0 and initial_state is not None
+
+    w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
+    h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot)
+    dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
+    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot)
+    del w, u  # as in the forward: freed before qk_grads allocates its outputs
+    dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+    del h, dh, v_new
+    dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
+
+    if saved.use_qk_l2norm_in_kernel:
+        dq = l2norm_bwd(q, q_rstd, dq)
+        dk = l2norm_bwd(k, k_rstd, dk)
+    return (
+        dq.to(q.dtype),
+        dk.to(k.dtype),
+        dv.to(v.dtype),
+        dg.to(saved.g_dtype),
+        dbeta.to(beta.dtype),
+        None if dh0 is None else dh0.to(initial_state.dtype),
+    )
+
+
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -61,72 +140,64 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
         plan: ChunkPlan,
         use_qk_l2norm_in_kernel: bool,
     ):
-        q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-        if initial_state is not None:
-            initial_state = initial_state.contiguous()
-        q_rstd = k_rstd = None
-        if use_qk_l2norm_in_kernel:
-            q, q_rstd = l2norm_fwd(q, L2NORM_EPS)
-            k, k_rstd = l2norm_fwd(k, L2NORM_EPS)
-        tiles, fp32_dot = tiles_for(k.shape[-1], v.shape[-1], k.element_size()), _fp32_dot(k.dtype)
-        HV = v.shape[2]
-
-        gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
-        w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-        h, v_new, final_state = state_forward(k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot)
-        del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
-        o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
-
-        ctx.save_for_backward(q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
-        ctx.g_dtype = g.dtype
-        ctx.scale = scale
-        ctx.plan = plan
-        ctx.tiles = tiles
-        ctx.fp32_dot = fp32_dot
-        ctx.use_qk_l2norm_in_kernel = use_qk_l2norm_in_kernel
+        o, final_state, kept, saved = _forward(
+            q, k, v, g, beta, initial_state, scale, output_final_state, plan, use_qk_l2norm_in_kernel
+        )
+        ctx.save_for_backward(*kept)
+        ctx.saved = saved
         return o, final_state
 
     @staticmethod
     def backward(ctx, do: torch.Tensor, dht: torch.Tensor | None):
-        q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd = ctx.saved_tensors
-        plan: ChunkPlan = ctx.plan
-        tiles: Tiles = ctx.tiles
-        fp32_dot, scale = ctx.fp32_dot, ctx.scale
-        do = do.contiguous()
-        if dht is not None:
-            dht = dht.contiguous()
-        want_dh0 = initial_state is not None and ctx.needs_input_grad[5]
+        grads = _backward(ctx.saved_tensors, ctx.saved, do, dht, ctx.needs_input_grad[5])
+        return (*grads, None, None, None, None)
 
-        w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-        h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot)
-        dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-        dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot)
-        del w, u  # as in the forward: freed before qk_grads allocates its outputs
-        dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
-        del h, dh, v_new
-        dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
 
-        if ctx.use_qk_l2norm_in_kernel:
-            dq = l2norm_bwd(q, q_rstd, dq)
-            dk = l2norm_bwd(k, k_rstd, dk)
-        return (
-            dq.to(q.dtype),
-            dk.to(k.dtype),
-            dv.to(v.dtype),
-            dg.to(ctx.g_dtype),
-            dbeta.to(beta.dtype),
-            None if dh0 is None else dh0.to(initial_state.dtype),
-            None,
-            None,
-            None,
-            None,
-        )
+def _needs_grad(call: GdnCall) -> bool:
+    inputs = (call.q, call.k, call.v, call.g, call.beta, call.initial_state)
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in inputs)
+
+
+def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
+    """What decides the binaries a call launches (lengths never do: they are runtime arguments)."""
+    s = call.shapes
+    h0 = call.initial_state
+    return (
+        "chunk_gated_delta_rule",
+        call.q.device,
+        *(x.dtype for x in (call.q, call.k, call.v, call.g, call.beta)),
+        None if h0 is None else (h0.dtype, h0.requires_grad),
+        s.H,
+        s.HV,
+        s.K,
+        s.V,
+        call.cu_seqlens is None,
+        call.output_final_state,
+        call.use_qk_l2norm_in_kernel,
+        needs_grad,
+    )
+
+
+def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
+    """The forward's launches and, when a backward will follow, the backward's, on unwritten data."""
+    h0 = call.initial_state
+    with torch.no_grad():
+        o, final_state, kept, saved = _forward(
+            call.q, call.k, call.v, call.g, call.beta, h0, call.scale,
+            call.output_final_state, plan, call.use_qk_l2norm_in_kernel,
+        )  # fmt: skip
+        if needs_grad:
+            dht = None if final_state is None else torch.empty_like(final_state)
+            _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
 
 
 def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The backend entry (inputs validated by gdn.calls): -> (o [B, T, HV, V] in v's dtype, final state
-    [N, HV, K, V] fp32 or None)."""
+    [N, HV, K, V] fp32 or None). The first call of each kernel class compiles its forward's and
+    backward's binaries ahead, in parallel."""
     plan = plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
+    needs_grad = _needs_grad(call)
+    compile_ahead(_kernel_class(call, needs_grad), lambda: _dry_step(call, plan, needs_grad))
     o, final_state = ChunkGatedDeltaRuleFunction.apply(
         call.q,
         call.k,

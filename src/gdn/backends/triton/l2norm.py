@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
+from gdn.backends.triton.compile_ahead import launch
 from gdn.calls import L2NormCall
 
 # Up to this many columns a row lives in one block (head dims are 64..256); wider rows are swept in
@@ -120,7 +121,7 @@ def l2norm_fwd(x: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.
     if rows:
         cfg = launch_config(D)
         with device_guard(x2):
-            _l2norm_fwd_kernel[(cdiv(rows, cfg["BR"]),)](x2, y, rstd, rows, float(eps), D=D, **cfg)
+            launch(_l2norm_fwd_kernel, (cdiv(rows, cfg["BR"]),))(x2, y, rstd, rows, float(eps), D=D, **cfg)
     return y.view(x.shape), rstd.view(x.shape[:-1])
 
 
@@ -135,7 +136,7 @@ def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.T
     if rows:
         cfg = launch_config(D)
         with device_guard(y2):
-            _l2norm_bwd_kernel[(cdiv(rows, cfg["BR"]),)](y2, rstd1, dy2, dx, rows, D=D, **cfg)
+            launch(_l2norm_bwd_kernel, (cdiv(rows, cfg["BR"]),))(y2, rstd1, dy2, dx, rows, D=D, **cfg)
     return dx.view(y.shape)
 
 

@@ -15,6 +15,7 @@ from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.compile_ahead import launch
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -131,7 +132,7 @@ def chunk_output(
     HV, V = v_new.shape[2], v_new.shape[3]
     o = torch.empty(B, T, HV, V, dtype=out_dtype, device=q.device)
     with device_guard(q):
-        _output_kernel[(plan.num_chunks, cdiv(V, tiles.output_bv), HV)](
+        launch(_output_kernel, (plan.num_chunks, cdiv(V, tiles.output_bv), HV))(
             q,
             k,
             v_new,
@@ -172,7 +173,7 @@ def dv_local(
     HV = do.shape[2]
     dv = torch.empty(do.shape, dtype=k.dtype, device=k.device)
     with device_guard(q):
-        _dv_local_kernel[(plan.num_chunks, HV)](
+        launch(_dv_local_kernel, (plan.num_chunks, HV))(
             q,
             k,
             gc,

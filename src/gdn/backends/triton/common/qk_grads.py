@@ -23,6 +23,7 @@ from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.compile_ahead import launch
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -145,7 +146,7 @@ def qk_grads(
     dw = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
     dG = torch.empty(B, T, HV, NK, dtype=torch.float32, device=q.device)
     with device_guard(q):
-        _qk_grads_kernel[(plan.num_chunks, NK, H)](
+        launch(_qk_grads_kernel, (plan.num_chunks, NK, H))(
             q,
             k,
             v_new,

@@ -19,6 +19,7 @@ from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, state_slice
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_sequence, masked_exp, mma
+from gdn.backends.triton.compile_ahead import launch
 
 
 @triton.jit
@@ -243,7 +244,7 @@ def state_forward(
     ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     bv = state_slice(tiles, N * HV, V, k.device)
     with device_guard(k):
-        _state_fwd_kernel[(N * HV, cdiv(V, bv))](
+        launch(_state_fwd_kernel, (N * HV, cdiv(V, bv)))(
             k,
             w,
             u,
@@ -296,7 +297,7 @@ def state_backward(
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
     bv = state_slice(tiles, N * HV, V, k.device)
     with device_guard(k):
-        _state_bwd_kernel[(N * HV, cdiv(V, bv))](
+        launch(_state_bwd_kernel, (N * HV, cdiv(V, bv)))(
             q,
             k,
             w,

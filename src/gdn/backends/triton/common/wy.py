@@ -18,6 +18,7 @@ from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.compile_ahead import launch
 
 
 @triton.jit
@@ -225,7 +226,7 @@ def wy_prepare(
     gc = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     Ai = torch.empty(B, T, HV, CHUNK, dtype=k.dtype, device=k.device)
     with device_guard(k):
-        _prepare_kernel[(plan.num_chunks, HV)](
+        launch(_prepare_kernel, (plan.num_chunks, HV))(
             g,
             beta,
             k,
@@ -264,7 +265,7 @@ def wy_apply(
     w = torch.empty(B, T, HV, K, dtype=k.dtype, device=k.device)
     u = torch.empty(B, T, HV, V, dtype=k.dtype, device=k.device)
     with device_guard(k):
-        _wu_kernel[(plan.num_chunks, HV)](
+        launch(_wu_kernel, (plan.num_chunks, HV))(
             k,
             v,
             beta,

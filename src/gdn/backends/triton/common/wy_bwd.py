@@ -20,6 +20,7 @@ from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.compile_ahead import launch
 
 
 @triton.jit(do_not_specialize=["T"])
@@ -154,7 +155,7 @@ def wy_backward(
     dbeta = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     dg = torch.empty_like(dbeta)
     with device_guard(k):
-        _wy_bwd_kernel[(plan.num_chunks, H)](
+        launch(_wy_bwd_kernel, (plan.num_chunks, H))(
             k,
             v,
             beta,
