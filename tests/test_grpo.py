@@ -27,6 +27,7 @@ from grpo.backends import (
     expected_modes,
     not_compared,
     other_modes,
+    refused_ops,
     resolve_under,
     unserved_modules,
 )
@@ -91,8 +92,10 @@ def test_backend_matches_eager(mode, record_property):
     """Each mode but eager, on this cell's device, against eager: the ops it serves (the rest fall back
     to eager, as the output says), both models' GDN modules on them, every quantity of the step within
     the tolerance its probed accuracy allows. Packed sequences that a backend (NotImplementedError) or
-    this transformers cannot run are reported and make the test xfail (fail, if the mode is expected:
-    an expected mode must also serve every op of the step, so a probe rejection cannot hide it)."""
+    this transformers cannot run, and runs whose calls the backend refuses (a declared limit, such as
+    FlashQLA's half-precision-only inputs against this fp32 step), are reported and make the test xfail,
+    or skip when no case was compared (fail, if the mode is expected: an expected mode must also serve
+    every op of the step, so a probe rejection or a refusal cannot hide it)."""
     dev = device()
     reason = gdn.resolve.backends()[mode].why_unavailable(dev.type)
     if reason:
@@ -123,13 +126,39 @@ def test_backend_matches_eager(mode, record_property):
             uncompared.append(f"backend {mode} cannot run packed sequences (cu_seqlens): {exc}")
             report(f"{title}: NOT COMPARED, {uncompared[-1]}", [])
             continue
+        refused = refused_ops(got, resolutions)
+        if refused:
+            uncompared.append(
+                f"backend {mode} refuses the step's calls: " + "; ".join(f"{op}: {why}" for op, why in refused.items())
+            )
+            report(f"{title}: NOT COMPARED, {uncompared[-1]}", [])
+            continue
         problems = unserved_modules(got, resolutions)
         lines, bad = differences(got, eager_run(kind, layout), tol)
         report(f"{title} (tolerance: {tol})", problems + lines)
         failures += [f"{title}: {line}" for line in problems + bad]
     assert not failures, "\n".join(failures)
+    if len(uncompared) == len(BACKEND_CASES):
+        not_compared(mode, "; ".join(dict.fromkeys(uncompared)))
     if uncompared:
-        not_compared(mode, "packed sequences: " + "; ".join(uncompared), pytest.xfail)
+        not_compared(mode, "; ".join(dict.fromkeys(uncompared)), pytest.xfail)
+
+
+def test_a_backend_that_refused_every_call_of_an_op_is_not_compared():
+    """An op whose backend refused every call of the run (eager served them, as designed) is named with
+    the refusal: such a run compares nothing of that backend, so the case is reported as not compared
+    instead of failing on the modules that ran eager. One call on the backend's route makes it compared."""
+    flashqla = gdn.resolve.Resolution("chunk_gated_delta_rule", "cuda", "flashqla", "flashqla", "flashqla:0.1.3", False)
+    flashqla.refusals["FlashQLA takes q, k, v all bfloat16 or all float16"] += 3
+    conv = gdn.resolve.Resolution("causal_conv1d_fn", "cuda", "flashqla", "eager", "eager", False)
+    calls = {"chunk_gated_delta_rule": {"eager": 2}, "causal_conv1d_fn": {"eager": 2}}
+    got = Run(rollout=None, step=None, record={"modules": [{"id": 1, "calls": calls}]}, models={"actor": [1]})
+    resolutions = {"chunk_gated_delta_rule": flashqla, "causal_conv1d_fn": conv}
+    assert refused_ops(got, resolutions) == {
+        "chunk_gated_delta_rule": "FlashQLA takes q, k, v all bfloat16 or all float16"
+    }
+    calls["chunk_gated_delta_rule"] = {"eager": 1, "flashqla:0.1.3": 1}
+    assert refused_ops(got, resolutions) == {}
 
 
 def test_an_expected_mode_that_is_not_compared_fails(monkeypatch):

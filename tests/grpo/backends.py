@@ -83,3 +83,21 @@ def unserved_modules(run: Run, resolutions: dict[str, gdn.resolve.Resolution]) -
                 if res.route not in used or not used <= allowed:
                     problems.append(f"{model} GDN module {i}: {op} ran on {calls.get(op)}, expected {res.route}")
     return problems
+
+
+def refused_ops(run: Run, resolutions: dict[str, gdn.resolve.Resolution]) -> dict[str, str]:
+    """The ops whose backend refused every call of this run (a limit it declares, such as the dtypes
+    it takes; gdn served those calls on the next candidate, as designed): op -> the refusals' reasons.
+    Such a run compares nothing of that backend for those ops."""
+    assert run.record is not None
+    ran_on_route = {
+        op
+        for module in run.record["modules"]
+        for op, used in module.get("calls", {}).items()
+        if op in resolutions and resolutions[op].route in used
+    }
+    return {
+        op: "; ".join(sorted(res.refusals))
+        for op, res in resolutions.items()
+        if res.refusals and op not in ran_on_route
+    }
