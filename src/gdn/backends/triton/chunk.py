@@ -127,22 +127,9 @@ def _backward(
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     @staticmethod
-    def forward(
-        ctx,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        initial_state: torch.Tensor | None,
-        scale: float,
-        output_final_state: bool,
-        plan: ChunkPlan,
-        use_qk_l2norm_in_kernel: bool,
-    ):
-        o, final_state, kept, saved = _forward(
-            q, k, v, g, beta, initial_state, scale, output_final_state, plan, use_qk_l2norm_in_kernel
-        )
+    def forward(ctx, *arguments):
+        """`arguments` are `_forward`'s, as `_arguments` lists them."""
+        o, final_state, kept, saved = _forward(*arguments)
         ctx.save_for_backward(*kept)
         ctx.saved = saved
         return o, final_state
@@ -151,6 +138,22 @@ class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
     def backward(ctx, do: torch.Tensor, dht: torch.Tensor | None):
         grads = _backward(ctx.saved_tensors, ctx.saved, do, dht, ctx.needs_input_grad[5])
         return (*grads, None, None, None, None)
+
+
+def _arguments(call: GdnCall, plan: ChunkPlan) -> tuple:
+    """`_forward`'s arguments for a call; the initial state is the sixth (its gradient's index)."""
+    return (
+        call.q,
+        call.k,
+        call.v,
+        call.g,
+        call.beta,
+        call.initial_state,
+        call.scale,
+        call.output_final_state,
+        plan,
+        call.use_qk_l2norm_in_kernel,
+    )
 
 
 def _needs_grad(call: GdnCall) -> bool:
@@ -182,10 +185,7 @@ def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
     """The forward's launches and, when a backward will follow, the backward's, on unwritten data."""
     h0 = call.initial_state
     with torch.no_grad():
-        o, final_state, kept, saved = _forward(
-            call.q, call.k, call.v, call.g, call.beta, h0, call.scale,
-            call.output_final_state, plan, call.use_qk_l2norm_in_kernel,
-        )  # fmt: skip
+        o, final_state, kept, saved = _forward(*_arguments(call, plan))
         if needs_grad:
             dht = None if final_state is None else torch.empty_like(final_state)
             _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
@@ -198,16 +198,4 @@ def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | 
     plan = plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
     needs_grad = _needs_grad(call)
     compile_ahead(_kernel_class(call, needs_grad), lambda: _dry_step(call, plan, needs_grad))
-    o, final_state = ChunkGatedDeltaRuleFunction.apply(
-        call.q,
-        call.k,
-        call.v,
-        call.g,
-        call.beta,
-        call.initial_state,
-        call.scale,
-        call.output_final_state,
-        plan,
-        call.use_qk_l2norm_in_kernel,
-    )
-    return o, final_state
+    return ChunkGatedDeltaRuleFunction.apply(*_arguments(call, plan))
