@@ -32,6 +32,13 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FORWARD_ONLY_WITH_GRAD = {"fused_recurrent_gated_delta_rule", "causal_conv1d_fn"}
 
 
+# The gate's parameters (one value per head) get gradients summed over every token, whose terms cancel:
+# compiled against uncompiled on the triton backend (interpreter, Triton 3.2 and 3.6, 53 seeds) their
+# relative difference had a median near 7e-7 and a tail to 2.0e-5 (A_log, 2 of 53 seeds past 1e-5);
+# every other parameter (and the loss) stayed within 1.1e-6. A wrong gate term is off by far more than 1e-4.
+GATE_PARAMETER_TOL = {"A_log": 1e-4, "dt_bias": 1e-4}
+
+
 @pytest.mark.parametrize("name", sorted(library.CUSTOM))
 def test_opcheck_every_custom_op(name, gen):
     route = opcheck(name, DEVICE, gen, "triton")
@@ -48,7 +55,7 @@ def test_a_compiled_training_step_has_no_graph_break_and_equals_eager(backend, g
     if backend == "inductor" and DEVICE != "cuda":
         pytest.skip("inductor on the CPU builds C++ kernels (minutes on two cores); the layout test covers its checks")
     x = torch.randn(2, 9, 32, generator=gen).to(DEVICE)
-    check_training_step(Block(gen, DEVICE), x, backend, "triton", tol=1e-5)
+    check_training_step(Block(gen, DEVICE), x, backend, "triton", tol=1e-5, tol_of=GATE_PARAMETER_TOL)
 
 
 def test_a_compiled_decode_step_has_no_graph_break_and_writes_the_pools_like_eager(gen):
