@@ -816,3 +816,27 @@ def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_i
     assert numeric_probe.probe_op(OP, wrong_below_32, CPU).passed is True
     report = numeric_probe.probe_op(OP, wrong_below_32, CPU, outside_limits=(16, 16))
     assert report.passed is False and report.reason.startswith("dense at K=16, V=16.out0: rel err")
+
+
+def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_running_any():
+    """A backend that compiles ahead gets the validated calls of all the probe's cases it takes (its
+    refused ones left out) in one batch, before the first case runs: their binaries compile together."""
+    events = []
+
+    def kernel(call):
+        events.append(("run", call.shapes.K))
+        return _eager_chunk(call)
+
+    def compile_ahead(op, calls):
+        events.append(("ahead", op, [(c.shapes.K, c.cu_seqlens is None) for c in calls]))
+
+    def refuse_small(op, call):
+        return None if call.shapes.K == 32 else f"takes K = 32 only, got K = {call.shapes.K}"
+
+    backend = Backend(name="good", ops={OP: kernel}, compile_ahead=compile_ahead, probe_outside_limits=(16, 16))
+    backend.refusal = refuse_small
+    gdn.register_backend(backend)
+    gdn.set_compute_mode("good")
+    assert resolver.resolve(OP, CPU).backend == "good"
+    assert events[0] == ("ahead", OP, [(32, True), (32, False), (32, False)])
+    assert len(events) == 4 and {e[0] for e in events[1:]} == {"run"}

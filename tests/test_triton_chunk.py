@@ -9,6 +9,7 @@ binary per kernel), and the grid of a batch of many sequences stays within the l
 from __future__ import annotations
 
 import os
+from typing import ClassVar
 
 import pytest
 import torch
@@ -332,6 +333,45 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
     assert len(real) == 14 and dry == real  # 6 launches forward, 8 backward
+
+
+class _CountingCompileMode:
+    """Stands in for Triton's asynchronous compile mode where there is none (the interpreter): counts
+    the batches and which dry runs ran inside each."""
+
+    batches: ClassVar[list[list[str]]] = []
+
+    def __init__(self, executor):
+        self.future_kernels = {}
+
+    def __enter__(self):
+        self.batches.append([])
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.mark.single_op
+def test_dry_runs_of_new_kernel_classes_compile_in_one_batch_and_only_once(monkeypatch):
+    """All the dry runs handed over together run under one compile mode, each while launches only warm
+    up; a class compiled before is skipped (a second batch of only such classes opens no mode)."""
+    _CountingCompileMode.batches = []
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _CountingCompileMode)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+
+    def dry(name):
+        def run():
+            assert compile_ahead._compiling_only.get(), "a dry run outside the compiling-only mode"
+            _CountingCompileMode.batches[-1].append(name)
+
+        return run
+
+    compile_ahead.compile_ahead({"a": dry("a"), "b": dry("b")})
+    compile_ahead.compile_ahead({"b": dry("b again"), "c": dry("c")})
+    compile_ahead.compile_ahead({"a": dry("a again"), "c": dry("c again")})
+    assert _CountingCompileMode.batches == [["a", "b"], ["c"]]
+    assert not compile_ahead._compiling_only.get()
 
 
 @pytest.mark.single_op

@@ -226,12 +226,14 @@ def probe_op(
     refusal: Callable[[Any], str | None] | None = None,
     outside_limits: tuple[int, int] | None = None,
     eager: Callable | None = None,
+    compile_ahead: Callable[[list[Any]], None] | None = None,
 ) -> ProbeReport:
     """`refusal` is the backend's per-call refusal for this op: a case it refuses is recorded as
     refused and not compared; a backend that refuses every case fails. `outside_limits` (K, V) adds
     the first case again at head dims outside the backend's limits: refused there, the refusal is on
     record (a call of that shape never reaches the kernel); taken, it is compared like any case.
-    `eager` is the reference implementation (default: the eager backend's)."""
+    `eager` is the reference implementation (default: the eager backend's). `compile_ahead` receives
+    the validated calls of every case the backend takes, once, before any case runs."""
     if eager is None:
         from gdn.backends.eager import EAGER
 
@@ -245,14 +247,20 @@ def probe_op(
         K, V = outside_limits
         first = next(_cases(op, gen, K, V))
         cases.append(Case(f"{first.name} at K={K}, V={V}", first.args, first.grad))
+    taken = []
     for case in cases:
         case = _in_dtype(case, dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
-        why = None if refusal is None else refusal(PREPARE[op](**_arguments(case, device)))
+        call = PREPARE[op](**_arguments(case, device))
+        why = None if refusal is None else refusal(call)
         if why is not None:
             report.refused[case.name] = why
-            continue
+        else:
+            taken.append((case, call))
+    if compile_ahead is not None and taken:
+        compile_ahead([call for _, call in taken])
+    for case, _ in taken:
         failure = _compare(report, op, eager, fn, case, device)
         if failure is not None:
             report.passed, report.reason = False, failure

@@ -206,6 +206,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend])
                 refusal=functools.partial(backend.refusal, op),
                 outside_limits=backend.probe_outside_limits,
                 eager=_registry()[EAGER].implementation(op),
+                compile_ahead=None if backend.compile_ahead is None else functools.partial(backend.compile_ahead, op),
             )
             probe = report.record()
             if not report.passed:

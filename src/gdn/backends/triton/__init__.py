@@ -80,6 +80,13 @@ def _load() -> OpTable:
     }
 
 
+def _compile_ahead(op: str, calls: list) -> None:
+    if op == "chunk_gated_delta_rule":  # the one op of many kernels, each compiled per kernel class
+        from gdn.backends.triton.chunk import compile_calls_ahead
+
+        compile_calls_ahead(calls)
+
+
 def _route(op: str) -> str:
     return "triton:bundled(interpreter)" if is_interpreting() else "triton:bundled"
 
@@ -95,4 +102,5 @@ def make_backend() -> Backend:
         probe_tolerance=PROBE_TOLERANCE,
         forward_only=FORWARD_ONLY,
         guards_values=GUARDS_VALUES,
+        compile_ahead=_compile_ahead,
     )

@@ -195,7 +195,22 @@ def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | 
     """The backend entry (inputs validated by gdn.calls): -> (o [B, T, HV, V] in v's dtype, final state
     [N, HV, K, V] fp32 or None). The first call of each kernel class compiles its forward's and
     backward's binaries ahead, in parallel."""
-    plan = plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
-    needs_grad = _needs_grad(call)
-    compile_ahead(_kernel_class(call, needs_grad), lambda: _dry_step(call, plan, needs_grad))
+    plan = _plan(call)
+    compile_ahead(dict([_dry_run_of(call, plan)]))
     return ChunkGatedDeltaRuleFunction.apply(*_arguments(call, plan))
+
+
+def _plan(call: GdnCall) -> ChunkPlan:
+    return plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
+
+
+def _dry_run_of(call: GdnCall, plan: ChunkPlan) -> tuple[tuple, functools.partial]:
+    """(the call's kernel class, its dry step)."""
+    needs_grad = _needs_grad(call)
+    return _kernel_class(call, needs_grad), functools.partial(_dry_step, call, plan, needs_grad)
+
+
+def compile_calls_ahead(calls: list[GdnCall]) -> None:
+    """Compile, in one parallel batch, the forward's and (where gradients will be taken) backward's
+    binaries of every kernel class among the calls not compiled before."""
+    compile_ahead(dict(_dry_run_of(call, _plan(call)) for call in calls))

@@ -8,7 +8,8 @@ Triton's asynchronous compile mode on a thread pool, and each binary's launcher 
 pool; the real call then finds everything compiled.
 
 A dry run is made once per kernel class (what decides the binaries: dtypes, head counts and dims, the
-variant flags), never per length. Where Triton has no asynchronous compile mode (3.2) or interprets
+variant flags), never per length; several classes can be compiled in one batch (the numeric probe hands
+over all its cases at once). Where Triton has no asynchronous compile mode (3.2) or interprets
 (nothing to compile), the dry run is skipped and kernels compile at their first launch, as before."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import contextvars
 import functools
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -72,20 +73,19 @@ def dry_run(fn: Callable[[], object]) -> None:
         _compiling_only.reset(token)
 
 
-def compile_ahead(key: Hashable, fn: Callable[[], object]) -> bool:
-    """Once per key: a dry run of `fn` whose compiles (and launchers) run in parallel. True when this
-    call compiled ahead, False when the key was done before or nothing can be compiled ahead here."""
-    if key in _done:
-        return False
+def compile_ahead(dry_runs: Mapping[Hashable, Callable[[], object]]) -> None:
+    """Once per key: the dry runs of the keys not done before, all under one asynchronous compile
+    mode, so that every binary they launch (and its launcher) compiles in parallel with the others."""
+    if all(key in _done for key in dry_runs):
+        return
     with _lock:
-        if key in _done:
-            return False
+        todo = {key: fn for key, fn in dry_runs.items() if key not in _done}
         mode_type = _async_compile_mode()
-        if mode_type is not None:
+        if todo and mode_type is not None:
             with ThreadPoolExecutor(_workers(), thread_name_prefix="gdn-compile") as pool:
                 with mode_type(pool) as mode:
-                    dry_run(fn)
+                    for fn in todo.values():
+                        dry_run(fn)
                 kernels = [future.result() for future in mode.future_kernels.values()]
                 list(pool.map(_build_launcher, kernels))
-        _done.add(key)
-        return mode_type is not None
+        _done.update(todo)
