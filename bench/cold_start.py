@@ -20,7 +20,11 @@ cache directory) are counted per phase, and whether this Triton compiles a call'
 parallel (gdn.backends.triton.compile_ahead), is recorded. A peer's
 row has its first forward+backward (fla's autotuning and FlashQLA's TileLang JIT included) and the next.
 
-Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla fla-triton flashqla] [--timeout 600]
+With --profile, gdn's resolve and first forward and backward run under cProfile (slower: the times
+are then for reading the split, not for reporting) and the result has the functions of the most
+cumulative time per phase.
+
+Usage: PYTHONPATH=src:. python -m bench.cold_start [--impls gdn fla fla-triton flashqla] [--timeout 600] [--profile]
 """
 
 from __future__ import annotations
@@ -48,6 +52,28 @@ def _timed(fn: Callable[[], object]) -> float:
     fn()
     torch.cuda.synchronize()
     return round(time.perf_counter() - start, 2)
+
+
+def _profiled(fn: Callable[[], object], top: int = 30) -> tuple[float, list[dict]]:
+    """_timed under cProfile, with the functions of the most cumulative time (threads the profiler
+    does not follow, such as a compile pool's workers, show as the time their caller waits)."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    seconds = _timed(lambda: profiler.runcall(fn))
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        {
+            "function": f"{Path(where).name}:{line}({name})",
+            "calls": count,
+            "own_s": round(own, 3),
+            "cum_s": round(cum, 3),
+        }
+        for (where, line, name), (_, count, own, cum, _) in stats.items()
+    ]
+    rows.sort(key=lambda r: r["cum_s"], reverse=True)
+    return seconds, rows[:top]
 
 
 def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Callable, Callable]:
@@ -93,7 +119,7 @@ def _launchers() -> int:
     return sum(1 for _ in Path(os.environ["TRITON_CACHE_DIR"]).rglob("__triton_launcher*"))
 
 
-def child_gdn() -> dict:
+def child_gdn(profile: bool = False) -> dict:
     phases: dict[str, float] = {}
     start = time.perf_counter()
     import torch
@@ -111,15 +137,23 @@ def child_gdn() -> dict:
         compiled[phase] = {k: v for k, v in _binaries().items() if v}
         launchers[phase] = _launchers()
 
-    phases["resolve"] = _timed(lambda: gdn.resolve.resolve("chunk_gated_delta_rule", "cuda"))
+    profiles: dict[str, list[dict]] = {}
+
+    def phase(name: str, fn: Callable[[], object]) -> None:
+        if profile:
+            phases[name], profiles[name] = _profiled(fn)
+        else:
+            phases[name] = _timed(fn)
+
+    phase("resolve", lambda: gdn.resolve.resolve("chunk_gated_delta_rule", "cuda"))
     after("resolve")
 
     def call(q, k, v, g, beta):
         return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
 
     forward, backward = _step(call, *SHAPE)
-    phases["first fwd"] = _timed(forward)
-    phases["first bwd"] = _timed(backward)
+    phase("first fwd", forward)
+    phase("first bwd", backward)
     after("first fwd+bwd")
     forward, backward = _step(call, *SHAPE)
     phases["again"] = _timed(lambda: (forward(), backward()))
@@ -138,6 +172,7 @@ def child_gdn() -> dict:
         "launchers": launchers,
         "compiles_ahead": compile_ahead.supported(),
         "route": gdn.resolve.last_route(),
+        **({"profiles": profiles} if profile else {}),
     }
 
 
@@ -163,13 +198,14 @@ def child_peer(impl: str) -> dict:
     return {"phases_s": phases}
 
 
-def run_child(impl: str, timeout: float) -> dict:
+def run_child(impl: str, timeout: float, profile: bool = False) -> dict:
     """One implementation in a fresh interpreter with empty caches; its JSON, or why there is none."""
     with tempfile.TemporaryDirectory(prefix="gdn-cold-") as tmp:
         caches = {"TRITON_CACHE_DIR": f"{tmp}/triton", "TILELANG_CACHE_DIR": f"{tmp}/tilelang"}
         env = os.environ | caches | CHILD_ENV.get(impl, {})
         output = Path(tmp) / "result.json"
         command = [sys.executable, "-m", "bench.cold_start", "--child", impl, "--output", str(output)]
+        command += ["--profile"] if profile else []
         start = time.perf_counter()
         try:
             done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -185,17 +221,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child process")
+    parser.add_argument("--profile", action="store_true", help="cProfile gdn's resolve and first calls")
     parser.add_argument("--child", choices=IMPLS, help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        result = child_gdn() if args.child == "gdn" else child_peer(args.child)
+        result = child_gdn(args.profile) if args.child == "gdn" else child_peer(args.child)
         Path(args.output).write_text(json.dumps(result))
         return
 
     from bench._common import environment, print_table, write_results
 
-    results = [run_child(impl, args.timeout) for impl in args.impls]
+    results = [run_child(impl, args.timeout, args.profile) for impl in args.impls]
     rows = [
         {"impl": r["impl"], "phase": phase, "s": s}
         for r in results
@@ -206,6 +243,9 @@ def main() -> None:
         for phase, counts in (r.get("binaries") or {}).items():
             built = (r.get("launchers") or {}).get(phase)
             print(f"{r['impl']} binaries after {phase}: {sum(counts.values())}, launchers {built}: {counts}")
+        for phase, top in (r.get("profiles") or {}).items():
+            print(f"{r['impl']} {phase}: the functions of the most cumulative time")
+            print_table(top[:20], ["function", "calls", "own_s", "cum_s"])
         if "compiles_ahead" in r:
             print(f"{r['impl']} compiles a call's binaries ahead, in parallel: {r['compiles_ahead']}")
     payload = {

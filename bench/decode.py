@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 
@@ -39,7 +40,26 @@ from gdn.calls import PREPARE
 from gdn.resolve import compute_mode_override
 
 H, HV, K, V = 16, 32, 128, 128
-SWEEP = [(16, 2), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8)]  # (BV, num_warps)
+# launch knobs tried beside the heuristic (BLOCK_N: slot indices each step of the device checks reads)
+SWEEP = [
+    {"BV": 16, "num_warps": 2},
+    {"BV": 32, "num_warps": 2},
+    {"BV": 32, "num_warps": 4},
+    {"BV": 64, "num_warps": 4},
+    {"BV": 64, "num_warps": 8},
+    {"BV": 128, "num_warps": 8},
+    {"BV": 32, "num_warps": 1, "BLOCK_N": 64},
+    {"BV": 32, "num_warps": 1, "BLOCK_N": 128},
+    {"BV": 32, "num_warps": 1, "BLOCK_N": 256},
+]
+# the bf16 pool moves half the bytes per tile: wider slices and wider check steps
+HALF_SWEEP = [
+    {"BV": 64, "num_warps": 2},
+    {"BV": 64, "num_warps": 4},
+    {"BV": 32, "num_warps": 1, "BLOCK_N": 128},
+    {"BV": 32, "num_warps": 1, "BLOCK_N": 256},
+    {"BV": 64, "num_warps": 2, "BLOCK_N": 256},
+]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"
 
@@ -158,6 +178,10 @@ def row(B: int, impl: str, config: str, ms: float, state_bytes: int, ceiling: fl
     }
 
 
+def _label(knobs: dict[str, int]) -> str:
+    return " ".join(f"{'w' if name == 'num_warps' else name}={value}" for name, value in knobs.items())
+
+
 def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     inputs, pool, indices = make_inputs(B)
     checks = {"agreement_vs_eager": agreement(inputs, pool, indices)}
@@ -179,14 +203,29 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
         row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", kernel_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "kernel, back to back", kernel_b2b_ms, state_bytes, ceiling),
     ]
-    for BV, warps in SWEEP if sweep else []:
-        decode.OVERRIDES.update(BV=BV, num_warps=warps)
+    for knobs in SWEEP if sweep else []:
+        decode.OVERRIDES.update(knobs)
         ms = median_ms(ours(inputs, pool, indices))
-        rows.append(row(B, "gdn-triton", f"BV={BV} w={warps}", ms, state_bytes, ceiling))
-    decode.OVERRIDES.clear()
+        decode.OVERRIDES.clear()
+        rows.append(row(B, "gdn-triton", _label(knobs), ms, state_bytes, ceiling))
     half = pool.to(torch.bfloat16)
     ms = median_ms(ours(inputs, half, indices))
     rows.append(row(B, "gdn-triton", "bf16 state pool (half the traffic)", ms, state_bytes // 2, ceiling))
+    rows.append(
+        row(
+            B,
+            "gdn",
+            "bf16 state pool, public call",
+            median_ms(public(inputs, half, indices)),
+            state_bytes // 2,
+            ceiling,
+        )
+    )
+    for knobs in HALF_SWEEP if sweep else []:
+        decode.OVERRIDES.update(knobs)
+        ms = median_ms(ours(inputs, half, indices))
+        decode.OVERRIDES.clear()
+        rows.append(row(B, "gdn-triton", f"bf16 state pool, {_label(knobs)}", ms, state_bytes // 2, ceiling))
     fns = fla_fns(inputs, pool, indices)
     if fns is not None:
         rows.append(row(B, "fla", "kernel, states gathered beforehand", median_ms(fns[0]), state_bytes, ceiling))
@@ -195,10 +234,42 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     return rows, checks
 
 
+def host_profile(B: int = 1, calls: int = 3000, top: int = 25) -> list[dict]:
+    """Where the host time of the public call goes: cProfile over `calls` calls, the functions with the
+    most time of their own, in µs per public call (the profiler's own cost inflates each a little)."""
+    import cProfile
+    import pstats
+
+    inputs, pool, indices = make_inputs(B)
+    step = public(inputs, pool, indices)
+    for _ in range(100):
+        step()
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        step()
+    profiler.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(profiler).stats
+    rows = [
+        {
+            "function": f"{Path(where).name}:{line}({name})",
+            "calls_per_call": round(count / calls, 2),
+            "own_us": round(own / calls * 1e6, 2),
+            "cumulative_us": round(cumulative / calls * 1e6, 2),
+        }
+        for (where, line, name), (_, count, own, cumulative, _) in stats.items()
+    ]
+    rows.sort(key=lambda r: r["own_us"], reverse=True)
+    return rows[:top]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 64, 256])
     parser.add_argument("--no-sweep", action="store_true", help="time only the launch heuristic")
+    parser.add_argument("--host-profile", action="store_true", help="profile the public call's host time at B=1")
     args = parser.parse_args()
 
     ceiling = copy_ceiling_tbs()
@@ -211,6 +282,10 @@ def main() -> None:
     print_table(rows, ["B", "impl", "config", "ms", "state_TBps", "of_copy", "of_kernel"])
     for B, check in checks.items():
         print(f"B={B}: rel err vs eager: {check['agreement_vs_eager']}")
+    profile = host_profile() if args.host_profile else None
+    if profile:
+        print("host time of the public call at B=1, per function (µs per call):")
+        print_table(profile, ["function", "calls_per_call", "own_us", "cumulative_us"])
     payload = {
         "environment": env,
         "shape": {"H": H, "HV": HV, "K": K, "V": V, "tokens_per_sequence": 1, "pool_slots": "2 * B"},
@@ -220,6 +295,7 @@ def main() -> None:
         "target_TBps": TARGET_TBS,
         "rows": rows,
         "checks": {str(B): c for B, c in checks.items()},
+        "host_profile_B1": profile,
     }
     path = write_results("decode", payload)
     print(f"{env['card']}  triton {env['versions']['triton']}  written {path}")

@@ -58,8 +58,9 @@ MAX_TILE = 4096
 ELEMENTS_PER_THREAD = 128
 # Below this many programs per SM the GPU runs short of loads in flight: narrow the V slices.
 PROGRAMS_PER_SM = 4
-# Slot indices (and offsets) a program's threads read per step of the device-side checks: one each,
-# which keeps the checks from taking registers from the state tile (a wider block spilled at 2 warps)
+# Slot indices (and offsets) a program's threads read per step of the device-side checks: one each by
+# default, which keeps the checks from taking registers from the state tile (a wider block spilled at
+# 2 warps); `BLOCK_N` in OVERRIDES tries wider steps (fewer dependent reads before the state is written).
 THREADS_PER_WARP = 32
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
 OVERRIDES: dict[str, int] = {}
@@ -306,6 +307,7 @@ class LaunchConfig:
     BK: int
     BV: int
     num_warps: int
+    BLOCK_N: int
 
 
 def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> LaunchConfig:
@@ -330,7 +332,8 @@ def _launch_config(N: int, HV: int, K: int, V: int, sms: int, overrides: tuple) 
     if unknown:
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     warps = max(1, min(8, BK * BV // (32 * ELEMENTS_PER_THREAD)))
-    return replace(LaunchConfig(BK=BK, BV=BV, num_warps=warps), **dict(overrides))
+    cfg = replace(LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=0), **dict(overrides))
+    return cfg if cfg.BLOCK_N else replace(cfg, BLOCK_N=THREADS_PER_WARP * cfg.num_warps)
 
 
 def _launch(
@@ -377,7 +380,7 @@ def _launch(
             V=shapes.V,
             BK=cfg.BK,
             BV=cfg.BV,
-            BLOCK_N=THREADS_PER_WARP * cfg.num_warps,
+            BLOCK_N=cfg.BLOCK_N,
             USE_POOL=slots is not None,
             HAS_H0=h0 is not None,
             STORE_HT=ht is not None,
