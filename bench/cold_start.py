@@ -7,8 +7,8 @@ installed (its chunk op goes to FlashQLA where FlashQLA is), `fla-triton` fla wi
 timed to a device synchronisation:
 
 - `import`: import torch and gdn, and the first CUDA allocation (the context);
-- `resolve`: gdn.resolve's decision for the op, the numeric probe included (it runs the kernels on its
-  own small fp32 cases: binaries a bf16 call does not use);
+- `resolve`: gdn.resolve's decision for the op as the first call makes it, the numeric probe included
+  (its cases take the call's class, so its first case compiles the binaries the call launches);
 - `first fwd`, `first bwd`: the first call at (1, 8192, 16, 32, 128) bf16, l2norm in the kernel, and its
   backward (they compile the call's own binaries);
 - `again`: the same forward+backward once more (all compiled: the warm time);
@@ -40,6 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 SHAPE = (1, 8192, 16, 32, 128)
+OP = "chunk_gated_delta_rule"
 IMPLS = ("gdn", "fla", "fla-triton", "flashqla")
 # fla hands its chunk op to FlashQLA where FlashQLA is installed; fla-triton is fla with that turned off
 CHILD_ENV = {"fla-triton": {"FLA_FLASH_QLA": "0"}}
@@ -76,8 +77,8 @@ def _profiled(fn: Callable[[], object], top: int = 30) -> tuple[float, list[dict
     return seconds, rows[:top]
 
 
-def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Callable, Callable]:
-    """(forward, backward) of one call on fresh inputs; backward needs forward's output first."""
+def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Callable, Callable, list]:
+    """(forward, backward, inputs) of one call on fresh inputs; backward needs forward's output first."""
     from bench._common import chunk_inputs
 
     leaves = [x.requires_grad_() for x in chunk_inputs(B, T, H, HV, D)]
@@ -89,7 +90,7 @@ def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Call
     def backward():
         out[0].float().sum().backward()
 
-    return forward, backward
+    return forward, backward, leaves
 
 
 def _binaries() -> dict[str, int]:
@@ -126,6 +127,7 @@ def child_gdn(profile: bool = False) -> dict:
 
     import gdn
     import gdn.resolve
+    from gdn.calls import PREPARE
 
     torch.empty(1, device="cuda")
     torch.cuda.synchronize()
@@ -145,23 +147,25 @@ def child_gdn(profile: bool = False) -> dict:
         else:
             phases[name] = _timed(fn)
 
-    phase("resolve", lambda: gdn.resolve.resolve("chunk_gated_delta_rule", "cuda"))
-    after("resolve")
-
     def call(q, k, v, g, beta):
         return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
 
-    forward, backward = _step(call, *SHAPE)
+    forward, backward, leaves = _step(call, *SHAPE)
+    # the decision the first call makes, with the first call's own validated arguments (the probe runs
+    # in their class)
+    like = PREPARE[OP](*leaves, use_qk_l2norm_in_kernel=True)
+    phase("resolve", lambda: gdn.resolve.resolve(OP, "cuda", like))
+    after("resolve")
     phase("first fwd", forward)
     phase("first bwd", backward)
     after("first fwd+bwd")
-    forward, backward = _step(call, *SHAPE)
+    forward, backward, _ = _step(call, *SHAPE)
     phases["again"] = _timed(lambda: (forward(), backward()))
     B, T, H, HV, D = SHAPE
-    forward, backward = _step(call, B, T // 2, H, HV, D)
+    forward, backward, _ = _step(call, B, T // 2, H, HV, D)
     phases["new T"] = _timed(lambda: (forward(), backward()))
     after("new T")
-    forward, backward = _step(call, B, T // 2, H, HV, D // 2)
+    forward, backward, _ = _step(call, B, T // 2, H, HV, D // 2)
     phases["new head dim"] = _timed(lambda: (forward(), backward()))
     after("new head dim")
     from gdn.backends.triton import compile_ahead
@@ -191,9 +195,9 @@ def child_peer(impl: str) -> dict:
     def call(q, k, v, g, beta):
         return chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)[0]
 
-    forward, backward = _step(call, *SHAPE)
+    forward, backward, _ = _step(call, *SHAPE)
     phases["first fwd+bwd"] = _timed(lambda: (forward(), backward()))
-    forward, backward = _step(call, *SHAPE)
+    forward, backward, _ = _step(call, *SHAPE)
     phases["again"] = _timed(lambda: (forward(), backward()))
     return {"phases_s": phases}
 

@@ -840,3 +840,37 @@ def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_
     assert resolver.resolve(OP, CPU).backend == "good"
     assert events[0] == ("ahead", OP, [(32, True), (32, False), (32, False)])
     assert len(events) == 4 and {e[0] for e in events[1:]} == {"run"}
+
+
+def test_the_first_call_of_an_op_is_probed_in_its_own_class():
+    """The public call resolves the op with itself as the probe's model: the gated-delta cases take its
+    dtype, heads and head dims, the first case its states; a half-precision class gets the probe
+    tolerance of its precision, recorded with the class."""
+    seen = []
+
+    def kernel(call):
+        seen.append((call.q.dtype, call.shapes.H, call.shapes.HV, call.shapes.K, call.shapes.V, call.initial_state))
+        return _eager_chunk(call)
+
+    gdn.register_backend(Backend(name="good", ops={OP: kernel}, probe_tolerance={OP: 1e-4}))
+    gdn.set_compute_mode("good")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 40, 3, 24, generator=gen, dtype=torch.float64).bfloat16() for _ in range(2))
+    v = torch.randn(1, 40, 6, 40, generator=gen).bfloat16()
+    g, beta = -torch.rand(1, 40, 6, generator=gen), torch.rand(1, 40, 6, generator=gen).bfloat16()
+    gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+    probed, served = seen[:-1], seen[-1]
+    assert {case[:5] for case in probed} == {(torch.bfloat16, 3, 6, 24, 40)} == {served[:5]}
+    assert probed[0][5] is None and all(case[5] is not None for case in probed[1:])  # the varlen cases' states
+    probe = resolver.resolve(OP, CPU).probe
+    assert probe["passed"] and probe["tolerance"] == numeric_probe.HALF_PRECISION_TOLERANCE[OP][torch.bfloat16]
+    assert probe["inputs"] == {
+        "dtype": "bfloat16",
+        "H": 3,
+        "HV": 6,
+        "K": 24,
+        "V": 40,
+        "l2norm": True,
+        "initial_state": False,
+        "final_state": False,
+    }

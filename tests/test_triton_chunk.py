@@ -19,7 +19,9 @@ if not torch.cuda.is_available():
 
 triton = pytest.importorskip("triton")
 
-from gdn.backends.triton import chunk as triton_chunk  # noqa: E402 - after TRITON_INTERPRET
+from gdn import numeric_probe  # noqa: E402 - after TRITON_INTERPRET
+from gdn import resolve as resolver  # noqa: E402
+from gdn.backends.triton import chunk as triton_chunk  # noqa: E402
 from gdn.backends.triton import compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
@@ -399,6 +401,78 @@ def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, g
     after = sum(compiled_binaries(k) for k in kernels)
     assert counts["ahead"] > before, "nothing was compiled ahead"
     assert after == counts["ahead"], f"the call compiled {after - counts['ahead']} binaries after the dry run"
+
+
+def first_call(gen, dtype=torch.bfloat16):
+    """A dense bf16 call without states (the call of a model's first forward) in a kernel class no other
+    test uses, validated with gradients wanted."""
+    leaves = [x.to(DEVICE).requires_grad_() for x in make_inputs(gen, 96, 3, 6, 24, 40, N=2, dtype=dtype)[:5]]
+    return PREPARE["chunk_gated_delta_rule"](*leaves, use_qk_l2norm_in_kernel=True)
+
+
+class _CasesHandedOverError(Exception):
+    pass
+
+
+def probe_calls(like) -> list:
+    """The validated calls of every case the numeric probe runs when `like` asks for the op first (as
+    the probe hands them to compile_ahead, before it runs any)."""
+    handed: list = []
+
+    def grab(calls):
+        handed.extend(calls)
+        raise _CasesHandedOverError
+
+    with pytest.raises(_CasesHandedOverError):
+        numeric_probe.probe_op(
+            "chunk_gated_delta_rule",
+            triton_chunk.chunk_gated_delta_rule,
+            torch.device(DEVICE),
+            like=like,
+            compile_ahead=grab,
+        )
+    return handed
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen):
+    """The numeric probe runs in the class of the call that asked for the op, so compiling its cases
+    ahead compiles every binary that call then launches (the probe's fp32 cases shared none)."""
+    like = first_call(gen)
+    launches = Launches(monkeypatch)
+    calls = probe_calls(like)
+    assert [call.q.dtype for call in calls] == [torch.bfloat16] * 3
+    for call in calls:
+        compile_ahead.dry_run(triton_chunk._dry_run_of(call, triton_chunk._plan(call))[1])
+    probed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    launches.calls.clear()
+    o, _ = triton_chunk.chunk_gated_delta_rule(like)
+    o.float().sum().backward()
+    launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    assert len(launched) >= 10
+    assert launched <= probed, f"binaries the probe did not compile: {sorted(name for name, _ in launched - probed)}"
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
+def test_resolution_by_the_first_call_compiles_every_binary_it_launches(monkeypatch, gen):
+    """Resolving the op for its first call (probe included, in that call's class) leaves nothing for
+    the call itself to compile, and the probe passed at the tolerance of bf16 inputs."""
+    kernels = [k for m in KERNEL_MODULES for n, k in vars(m).items() if n.startswith("_") and n.endswith("_kernel")]
+    like = first_call(gen)
+    monkeypatch.setattr(resolver, "_cache", {})
+    with resolver.compute_mode_override("triton"):
+        resolution = resolver.resolve("chunk_gated_delta_rule", like.device, like)
+    assert resolution.backend == "triton", resolution.rejected
+    assert resolution.probe["inputs"]["dtype"] == "bfloat16" and resolution.probe["inputs"]["HV"] == 6
+    bf16_floor = numeric_probe.HALF_PRECISION_TOLERANCE["chunk_gated_delta_rule"][torch.bfloat16]
+    assert resolution.probe["tolerance"] == bf16_floor
+    before = sum(compiled_binaries(k) for k in kernels)
+    o, _ = triton_chunk.chunk_gated_delta_rule(like)
+    o.float().sum().backward()
+    after = sum(compiled_binaries(k) for k in kernels)
+    assert after == before, f"the first call compiled {after - before} binaries the probe had not"
 
 
 @pytest.mark.single_op

@@ -13,6 +13,6 @@ from gdn.resolve import for_call, guards_values, resolve
 def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     with check.deferred_value_checks() as value_checks:
         call = PREPARE[name](*args, **kwargs)
-    backend, fn = for_call(resolve(name, call.device), call)
+    backend, fn = for_call(resolve(name, call.device, call), call)
     check.run_value_checks(value_checks, kernel_guards=guards_values(backend, name))
     return fn(call)

@@ -180,7 +180,7 @@ def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
     return [*ranked, registry[EAGER]]
 
 
-def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend]) -> Resolution:
+def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend], like: Call | None) -> Resolution:
     from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
 
     device_type = device.type
@@ -203,6 +203,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend])
                 with_grad=not forward_only,
                 dtype=backend.probe_dtype,
                 head_dims=backend.probe_head_dims,
+                like=like,
                 refusal=functools.partial(backend.refusal, op),
                 outside_limits=backend.probe_outside_limits,
                 eager=_registry()[EAGER].implementation(op),
@@ -237,7 +238,10 @@ def _log_decision(res: Resolution) -> None:
     (log.warning if wanted_other or any(r.probe for r in res.rejected) else log.info)(f"{chosen}; {why}")
 
 
-def resolve(op: str, device: torch.device | str) -> Resolution:
+def resolve(op: str, device: torch.device | str, like: Call | None = None) -> Resolution:
+    """The decision for (op, device type, compute mode), made on the first ask and cached. `like` is
+    the call that asks (gdn.dispatch passes it): the numeric probe runs in its class (dtype, heads,
+    head dims), so that the binaries it compiles are the ones that call launches next."""
     if not isinstance(device, torch.device):
         device = torch.device(device)
     mode = compute_mode()
@@ -248,7 +252,7 @@ def resolve(op: str, device: torch.device | str) -> Resolution:
     with _lock:
         res = _cache.get(key)
         if res is None:
-            res = _decide(op, device, mode, _candidates(op, device.type, mode))
+            res = _decide(op, device, mode, _candidates(op, device.type, mode), like)
             _cache[key] = res
             _log_decision(res)
         return res
@@ -263,7 +267,7 @@ def _needs_grad(call: Call) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors())
 
 
-def _refused(res: Resolution, reason: str) -> Resolution:
+def _refused(res: Resolution, reason: str, call: Call) -> Resolution:
     """The resolution that serves a call `res`'s backend refused: the next candidate's."""
     if res.strict:
         raise GdnBackendError(
@@ -274,7 +278,7 @@ def _refused(res: Resolution, reason: str) -> Resolution:
         first = reason not in res.refusals
         res.refusals[reason] += 1
         if res.fallback is None:
-            res.fallback = _decide(res.op, res.where, res.requested_mode, res.remaining)
+            res.fallback = _decide(res.op, res.where, res.requested_mode, res.remaining, call)
     if first:
         log.warning(
             f"gdn: {res.op} on {res.device}: {res.backend} refused a call ({reason}); {res.fallback.route} serves it"
@@ -288,7 +292,7 @@ def for_call(res: Resolution, call: Call) -> tuple[str, Callable]:
     backend serves the op forward only (logged once per op, device and backend)."""
     reason = _registry()[res.backend].refusal(res.op, call)
     if reason is not None:
-        return for_call(_refused(res, reason), call)
+        return for_call(_refused(res, reason, call), call)
     backend, route, fn = res.backend, res.route, res.fn
     if res.forward_only and _needs_grad(call):
         key = (res.op, res.device, res.backend)
