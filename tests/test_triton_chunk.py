@@ -278,6 +278,35 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch):
 
 
 @pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_a_dense_and_a_packed_call_launch_the_same_binaries(monkeypatch, gen):
+    """Whether the sequences are packed is a runtime flag: two sequences of 70 tokens as a dense batch
+    and as a packed one launch the same kernels with the same specializations (the numeric probe's
+    packed cases then compile nothing that a dense call of the same class does not use)."""
+    launches = Launches(monkeypatch)
+    q, k, v, g, beta, h0 = make_inputs(gen, 70, 1, 2, 16, 16, B=2, dtype=torch.bfloat16)
+    packed = [x.flatten(0, 1).unsqueeze(0) for x in (q, k, v, g, beta)]
+    cu = torch.tensor([0, 70, 140], dtype=torch.int32, device=DEVICE)
+    keys = []
+    for inputs, cu_seqlens in (((q, k, v, g, beta), None), (packed, cu)):
+        launches.calls.clear()
+        leaves = [x.to(DEVICE).requires_grad_() for x in (*inputs, h0)]
+        o, final = triton_op(
+            *leaves[:5],
+            initial_state=leaves[5],
+            output_final_state=True,
+            cu_seqlens=cu_seqlens,
+            use_qk_l2norm_in_kernel=True,
+        )
+        (o.float().sum() + final.sum()).backward()
+        keys.append({(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls})
+    dense, packed_keys = keys
+    assert len({name for name, _ in dense}) == 10
+    apart = sorted({name for name, _ in dense ^ packed_keys})
+    assert not apart, f"a dense and a packed call launch different binaries of {apart}"
+
+
+@pytest.mark.single_op
 def test_narrow_slices_launch_at_most_four_warps(monkeypatch):
     """With 16-wide slices, 8 warps made qk_grads fault and the WY backward return wrong fp32 gradients
     on the H200: those launches are capped at 4, while slices of 32 or more keep the configured 8."""
@@ -317,7 +346,7 @@ def prepared_call(gen, T, H, HV, K, V, cu_seqlens, dtype=torch.bfloat16):
     call = PREPARE["chunk_gated_delta_rule"](
         *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
     )
-    return call, plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, config.CHUNK)
+    return call, plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, config.CHUNK, call.q.device)
 
 
 @pytest.mark.single_op

@@ -162,7 +162,8 @@ def _needs_grad(call: GdnCall) -> bool:
 
 
 def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
-    """What decides the binaries a call launches (lengths never do: they are runtime arguments)."""
+    """What decides the binaries a call launches (lengths never do, nor whether the sequences are packed:
+    both are runtime arguments)."""
     s = call.shapes
     h0 = call.initial_state
     return (
@@ -174,7 +175,6 @@ def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
         s.HV,
         s.K,
         s.V,
-        call.cu_seqlens is None,
         call.output_final_state,
         call.use_qk_l2norm_in_kernel,
         needs_grad,
@@ -201,7 +201,7 @@ def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 def _plan(call: GdnCall) -> ChunkPlan:
-    return plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK)
+    return plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK, call.q.device)
 
 
 def _dry_run_of(call: GdnCall, plan: ChunkPlan) -> tuple[tuple, functools.partial]:

@@ -18,7 +18,7 @@ from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, 
 from gdn.backends.triton.compile_ahead import launch
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _output_kernel(
     q,
     k,
@@ -37,7 +37,7 @@ def _output_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     i_c, i_v, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -70,7 +70,7 @@ def _output_kernel(
     tl.store(o + (tok * HV + i_hv)[:, None] * V + o_v[None, :], cast_as(acc * scale, o), mask=m_tv)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _dv_local_kernel(
     q,
     k,
@@ -88,7 +88,7 @@ def _dv_local_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -150,7 +150,7 @@ def chunk_output(
             BT=CHUNK,
             BK=tiles.BK,
             BV=tiles.output_bv,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.output_warps,
             num_stages=tiles.num_stages,
@@ -190,7 +190,7 @@ def dv_local(
             BT=CHUNK,
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.dv_warps,
             num_stages=tiles.num_stages,

@@ -26,7 +26,7 @@ from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, 
 from gdn.backends.triton.compile_ahead import launch
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _qk_grads_kernel(
     q,
     k,
@@ -52,7 +52,7 @@ def _qk_grads_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     i_c, i_k, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -171,7 +171,7 @@ def qk_grads(
             BK=tiles.BK,
             BV=tiles.BV,
             NK=NK,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.dqkwg_warps, tiles.BK, tiles.BV),
             num_stages=tiles.num_stages,

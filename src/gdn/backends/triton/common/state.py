@@ -61,7 +61,7 @@ def _fwd_step(
     return S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _state_fwd_kernel(
     k,
     w,
@@ -82,7 +82,7 @@ def _state_fwd_kernel(
     BV: tl.constexpr,
     USE_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program)."""
@@ -164,7 +164,7 @@ def _bwd_step(
     return dS * tl.exp(G_last) + mma(qT, do_t, FP32_DOT) - mma(wT, cast_as(dv_t, k), FP32_DOT)
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _state_bwd_kernel(
     q,
     k,
@@ -188,7 +188,7 @@ def _state_bwd_kernel(
     BV: tl.constexpr,
     USE_DHT: tl.constexpr,
     STORE_DH0: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     """Writes dh[c] (gradient w.r.t. the state leaving chunk c) and the full dv over the local dv."""
@@ -264,7 +264,7 @@ def state_forward(
             BV=bv,
             USE_H0=initial_state is not None,
             STORE_HT=output_final_state,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.state_warps,
             num_stages=tiles.state_stages,
@@ -320,7 +320,7 @@ def state_backward(
             BV=bv,
             USE_DHT=dht is not None,
             STORE_DH0=want_dh0,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.state_warps,
             num_stages=tiles.state_stages,

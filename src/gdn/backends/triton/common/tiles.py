@@ -50,12 +50,14 @@ def masked_exp(x, mask):
 
 
 @triton.jit
-def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN):
     """Program i_c -> (chunk index within its sequence, first token of the sequence, its length).
 
     Chunks are numbered sequence by sequence, so i_c is also the chunk's row in the per-chunk
-    state buffers."""
-    if IS_VARLEN:
+    state buffers. IS_VARLEN is a runtime flag (dense batches pass empty tables), so that a dense
+    call and a packed one launch the same binary: a process, its numeric probe included, compiles
+    one per kernel class, not two."""
+    if IS_VARLEN != 0:
         i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int32)
         i_t = tl.load(chunk_indices + 2 * i_c + 1).to(tl.int32)
         bos = tl.load(cu_seqlens + i_n).to(tl.int32)
@@ -69,9 +71,9 @@ def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN:
 
 
 @triton.jit
-def locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+def locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN):
     """Sequence i_n -> (its first token, its length, the index of its first chunk)."""
-    if IS_VARLEN:
+    if IS_VARLEN != 0:
         bos = tl.load(cu_seqlens + i_n).to(tl.int32)
         T_n = tl.load(cu_seqlens + i_n + 1).to(tl.int32) - bos
         boc = tl.load(chunk_offsets + i_n).to(tl.int32)

@@ -47,7 +47,7 @@ def _unit_lower_inverses(A0, A1, A2, A3, BC: tl.constexpr, FP32_DOT: tl.constexp
     return Y0 + eye, Y1 + eye, Y2 + eye, Y3 + eye
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _prepare_kernel(
     g,
     beta,
@@ -63,7 +63,7 @@ def _prepare_kernel(
     BT: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -171,7 +171,7 @@ def _prepare_kernel(
     tl.store(p3 + 3 * BC, cast_as(T33, Ai), mask=m3[:, None])
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _wu_kernel(
     k,
     v,
@@ -190,7 +190,7 @@ def _wu_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
@@ -241,7 +241,7 @@ def wy_prepare(
             BT=CHUNK,
             BC=SUB_CHUNK,
             BK=tiles.BK,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.prepare_warps,
             num_stages=tiles.num_stages,
@@ -283,7 +283,7 @@ def wy_apply(
             BT=CHUNK,
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=tiles.wu_warps,
             num_stages=tiles.num_stages,

@@ -23,7 +23,7 @@ from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, 
 from gdn.backends.triton.compile_ahead import launch
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _wy_bwd_kernel(
     k,
     v,
@@ -47,7 +47,7 @@ def _wy_bwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dk (fp32)
@@ -178,7 +178,7 @@ def wy_backward(
             BK=tiles.wy_bwd_bk,
             BV=tiles.BV,
             NK=dG.shape[-1],
-            IS_VARLEN=plan.is_varlen,
+            IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.BV),
             num_stages=tiles.num_stages,
