@@ -7,8 +7,10 @@ installed (its chunk op goes to FlashQLA where FlashQLA is), `fla-triton` fla wi
 timed to a device synchronisation:
 
 - `import`: import torch and gdn, and the first CUDA allocation (the context);
+- `backend`: loading the triton backend (Triton, the kernel modules, the driver's target);
 - `resolve`: gdn.resolve's decision for the op as the first call makes it, the numeric probe included
-  (its cases take the call's class, so its first case compiles the binaries the call launches);
+  (its cases take the call's class, so its first case compiles the binaries the call launches), and
+  `resolve: compiling ahead`, the part of it spent compiling the probe's binaries in one batch;
 - `first fwd`, `first bwd`: the first call at (1, 8192, 16, 32, 128) bf16, l2norm in the kernel, and its
   backward (they compile the call's own binaries);
 - `again`: the same forward+backward once more (all compiled: the warm time);
@@ -152,9 +154,22 @@ def child_gdn(profile: bool = False) -> dict:
 
     forward, backward, leaves = _step(call, *SHAPE)
     # the decision the first call makes, with the first call's own validated arguments (the probe runs
-    # in their class)
+    # in their class); loading the backend (Triton, the kernel modules, the driver) timed apart
     like = PREPARE[OP](*leaves, use_qk_l2norm_in_kernel=True)
+    phase("backend", lambda: gdn.resolve.backends()["triton"].why_unavailable("cuda"))
+    from gdn.backends.triton import chunk as triton_chunk
+
+    ahead: list[float] = []
+    batch = triton_chunk.compile_ahead
+
+    def timed_compile_ahead(dry_runs):
+        begun = time.perf_counter()
+        batch(dry_runs)
+        ahead.append(time.perf_counter() - begun)
+
+    triton_chunk.compile_ahead = timed_compile_ahead
     phase("resolve", lambda: gdn.resolve.resolve(OP, "cuda", like))
+    phases["resolve: compiling ahead"] = round(sum(ahead), 2)
     after("resolve")
     phase("first fwd", forward)
     phase("first bwd", backward)
