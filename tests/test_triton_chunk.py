@@ -374,6 +374,7 @@ class _CountingCompileMode:
 
     def __init__(self, executor):
         self.future_kernels = {}
+        self.raw_futures = []
 
     def __enter__(self):
         self.batches.append([])
@@ -403,6 +404,52 @@ def test_dry_runs_of_new_kernel_classes_compile_in_one_batch_and_only_once(monke
     compile_ahead.compile_ahead({"a": dry("a again"), "c": dry("c again")})
     assert _CountingCompileMode.batches == [["a", "b"], ["c"]]
     assert not compile_ahead._compiling_only.get()
+
+
+class _ThreadedCompileMode:
+    """Triton 3.9's asynchronous compile mode in what compile_ahead relies on: each submitted compile
+    runs on the executor, and the mode drops its futures when it ends."""
+
+    active: ClassVar[_ThreadedCompileMode | None] = None
+
+    def __init__(self, executor):
+        self.executor, self.raw_futures, self.future_kernels = executor, [], {}
+
+    def submit(self, key, compile_fn):
+        future = self.executor.submit(compile_fn)
+        self.raw_futures.append(future)
+        self.future_kernels[key] = future
+
+    def __enter__(self):
+        _ThreadedCompileMode.active = self
+        return self
+
+    def __exit__(self, *exc):
+        for future in self.raw_futures:
+            future.result()
+        self.raw_futures, self.future_kernels = [], {}
+        _ThreadedCompileMode.active = None
+        return False
+
+
+@pytest.mark.single_op
+def test_every_binary_compiled_ahead_gets_its_launcher_built(monkeypatch):
+    """Each binary a dry run compiles has its launcher built on the pool (once compiled, beside the
+    compiles still running), also where the compile mode forgets its futures when it ends."""
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    built = []
+    monkeypatch.setattr(compile_ahead, "_build_launcher", built.append)
+
+    def dry(names):
+        def run():
+            for name in names:
+                _ThreadedCompileMode.active.submit(name, lambda name=name: f"binary {name}")
+
+        return run
+
+    compile_ahead.compile_ahead({"a": dry(["x", "y"]), "b": dry(["z"])})
+    assert sorted(built) == ["binary x", "binary y", "binary z"]
 
 
 @pytest.mark.single_op

@@ -5,7 +5,7 @@ fresh process pays their compile times in sequence (about 0.7 s each on an H200 
 ptxas and the C compiler that builds each binary's launcher, both separate processes). Here the
 call's host code runs once in a dry mode where every launch only compiles (Triton's warm-up), under
 Triton's asynchronous compile mode on a thread pool, and each binary's launcher is built on the same
-pool; the real call then finds everything compiled.
+pool as soon as the binary is compiled; the real call then finds everything compiled.
 
 A dry run is made once per kernel class (what decides the binaries: dtypes, head counts and dims, the
 variant flags), never per length; several classes can be compiled in one batch (the numeric probe hands
@@ -19,7 +19,7 @@ import functools
 import os
 import threading
 from collections.abc import Callable, Hashable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from gdn.backends.triton._common import is_interpreting
@@ -64,6 +64,10 @@ def _build_launcher(kernel: Any) -> None:
     driver.active.launcher_cls(kernel.src, kernel.metadata)
 
 
+def _build_launcher_once_compiled(compiling: Future) -> None:
+    _build_launcher(compiling.result())
+
+
 def dry_run(fn: Callable[[], object]) -> None:
     """Run `fn` with every launch through `launch` compiling only (no kernel runs; outputs stay unwritten)."""
     token = _compiling_only.set(True)
@@ -86,6 +90,11 @@ def compile_ahead(dry_runs: Mapping[Hashable, Callable[[], object]]) -> None:
                 with mode_type(pool) as mode:
                     for fn in todo.values():
                         dry_run(fn)
-                kernels = [future.result() for future in mode.future_kernels.values()]
-                list(pool.map(_build_launcher, kernels))
+                    # Each binary's launcher builds (a C compiler, another process) as soon as the binary
+                    # is compiled, beside the compiles still running. Queued after every compile, each
+                    # waits only on a compile a worker has taken. The mode's futures are read here: Triton
+                    # 3.9 drops them when the mode ends.
+                    launchers = [pool.submit(_build_launcher_once_compiled, f) for f in list(mode.raw_futures)]
+                for launcher in launchers:
+                    launcher.result()
         _done.update(todo)
