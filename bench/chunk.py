@@ -52,6 +52,12 @@ SWEEP = [
     {"state_warps": 8},
     {"state_bv": 32},
     {"output_bv": 64},
+    # the split state passes (one sequence of 32 heads leaves SMs idle): off, and coarser or finer
+    {"segment_programs": 0},
+    {"segment_programs": 2},
+    {"segment_programs": 8},
+    {"segment_chunks": 4},
+    {"segment_chunks": 16},
 ]
 PROFILED_REPS = 5
 

@@ -25,10 +25,11 @@ from gdn.backends.triton import chunk as triton_chunk  # noqa: E402
 from gdn.backends.triton import compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
-from gdn.backends.triton.chunk_index import plan_chunks  # noqa: E402
+from gdn.backends.triton.chunk_index import plan_chunks, split_sequences  # noqa: E402
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
+from test_triton_decode import run_on_hopper_compiler  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
@@ -150,6 +151,131 @@ def test_half_precision_varlen_with_half_gates(gen):
     )
 
 
+def split_every(monkeypatch, chunks: int) -> None:
+    """Make the state passes split every sequence longer than `chunks` chunks into segments of that
+    many: a device of many SMs (the interpreter counts one) and the shortest segment lowered."""
+    monkeypatch.setattr(config, "processors", lambda device: 100_000)
+    monkeypatch.setattr(config, "OVERRIDES", {"segment_chunks": chunks})
+
+
+# (B or sequence bounds, T, chunks per segment, initial state, l2norm): a split with a short last
+# segment, one segment per chunk, sequences at and under one segment, an empty one.
+SPLIT_CASES = [
+    (2, 200, 3, True, True),
+    (1, 330, 1, False, False),
+    ([0, 0, 70, 300, 330], 330, 2, True, True),
+    ([0, 128, 129, 400], 400, 2, False, True),
+]
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize(("batch", "T", "chunks", "with_state", "l2norm"), SPLIT_CASES)
+def test_split_state_passes_match_fp64_recurrence(batch, T, chunks, with_state, l2norm, gen, monkeypatch):
+    """Sequences split into segments whose summaries are combined (the parallel state passes of one
+    long sequence): the output, the final state and every gradient, as the unsplit passes."""
+    split_every(monkeypatch, chunks)
+    bounds = batch if isinstance(batch, list) else None
+    N = len(bounds) - 1 if bounds else batch
+    inputs = make_inputs(gen, T, 1, 2, 48, 40, B=1 if bounds else batch, N=N, with_state=with_state)
+    call = PREPARE["chunk_gated_delta_rule"](
+        *(x.to(DEVICE) for x in inputs[:5]),
+        cu_seqlens=None if bounds is None else torch.tensor(bounds, dtype=torch.int32, device=DEVICE),
+    )
+    split = triton_chunk._plan(call).split
+    assert split is not None and split.count > N, "the sequences were not split"
+    check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=bounds, l2norm=l2norm)
+
+
+@pytest.mark.shape_grid
+def test_split_state_passes_in_half_precision(gen, monkeypatch):
+    split_every(monkeypatch, 1)
+    inputs = make_inputs(gen, 260, 1, 2, 64, 64, dtype=torch.bfloat16)
+    check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL)
+
+
+@pytest.mark.single_op
+def test_packed_segments_tables():
+    """Segments of two chunks over sequences of 0, 70, 230 and 30 tokens: one (empty) segment, one, two
+    (128 + 102 tokens), one; bounds, first chunks and each sequence's first segment."""
+    plan = plan_chunks(1, 330, torch.tensor([0, 0, 70, 300, 330]), config.CHUNK, torch.device("cpu"))
+    split = split_sequences(plan, 2).split
+    assert split.count == 5
+    assert split.bounds.tolist() == [0, 0, 70, 198, 300, 330]
+    assert split.chunk_offsets.tolist() == [0, 0, 2, 4, 6, 7]
+    assert split.first.tolist() == [0, 1, 2, 4, 5]
+    dense = split_sequences(plan_chunks(3, 330, None, config.CHUNK, torch.device("cpu")), 2).split
+    assert (dense.count, dense.per_sequence, dense.tokens) == (9, 3, 128)
+
+
+@pytest.mark.single_op
+def test_sequences_are_split_only_where_the_device_would_idle(monkeypatch):
+    """One sequence of 32 value heads with 128-wide values (128 programs of 32-wide slices) leaves SMs
+    of a 132-SM device idle: segments for about four programs per SM, never under the shortest segment,
+    and no split for a sequence within one segment or a batch that fills the device."""
+    monkeypatch.setattr(config, "processors", lambda device: 132)
+    monkeypatch.setattr(config, "OVERRIDES", {"state_bv_short": 32})  # the GPU's, also under the interpreter
+    tiles = config.tiles_for(128, 128, 2)
+    assert tiles.segment_programs == 4
+    cpu = torch.device("cpu")
+    assert config.segment_length(tiles, 32, 128, 128, cpu) == 26  # 5 segments: 640 programs
+    assert config.segment_length(tiles, 32, 128, 512, cpu) == 103
+    assert config.segment_length(tiles, 32, 128, 20, cpu) == tiles.segment_chunks
+    assert config.segment_length(tiles, 32, 128, tiles.segment_chunks, cpu) == 0
+    assert config.segment_length(tiles, 64, 128, 512, cpu) == 0
+    assert config.could_split(tiles, 32, 128, cpu) and not config.could_split(tiles, 64, 128, cpu)
+
+
+STATE_SCENARIO = """
+import dataclasses
+
+from gdn.backends.triton import chunk, l2norm
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd
+from gdn.calls import PREPARE
+
+config.processors = lambda device: 132  # an H200's SMs: one sequence of 32 heads splits
+chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
+q, k = (torch.randn(1, 8192, 16, 128, dtype=torch.bfloat16) for _ in range(2))
+v, beta = torch.randn(1, 8192, 32, 128, dtype=torch.bfloat16), torch.rand(1, 8192, 32, dtype=torch.bfloat16)
+call = PREPARE["chunk_gated_delta_rule"](q, k, v, -torch.rand(1, 8192, 32), beta, output_final_state=True)
+kernels = {n: f for n, f in vars(state).items() if isinstance(f, JITFunction) and n.endswith("_kernel")}
+for name in kernels:
+    setattr(state, name, Recorder())
+for m in (wy, wy_bwd, output, qk_grads, l2norm):  # only the state kernels compile here
+    for name, f in list(vars(m).items()):
+        if isinstance(f, JITFunction) and name.endswith("_kernel"):
+            setattr(m, name, Recorder())
+RESULT["split"] = chunk._plan(call).split.count
+for plan in (chunk._plan(call), dataclasses.replace(chunk._plan(call), split=None)):
+    with torch.no_grad():
+        o, final, kept, saved = chunk._forward(*chunk._arguments(call, plan))
+        chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final), False)
+RESULT["usage"] = {}
+for name, f in kernels.items():
+    for args, kwargs in getattr(state, name).launches:
+        RESULT["usage"].setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
+"""
+
+
+@pytest.mark.single_op
+def test_state_kernels_compile_for_hopper():
+    """The state passes, split and whole, at a model's shapes (bf16, 32 heads of 128 x 128, one
+    sequence of 8192 tokens) through the NVIDIA compiler for sm_90 (the interpreter accepts some
+    programs the compiler rejects): one binary each, and no spills but in the combine (its K x K map)."""
+    result = run_on_hopper_compiler(STATE_SCENARIO)
+    assert result["split"] > 1
+    usage = result["usage"]
+    assert set(usage) == {
+        "_state_fwd_kernel",
+        "_state_bwd_kernel",
+        "_state_fwd_summary_kernel",
+        "_state_bwd_summary_kernel",
+        "_state_combine_kernel",
+    }
+    assert all(len(binaries) == 1 for binaries in usage.values()), usage
+    spills = {name: u for name, b in usage.items() for u in b.values() if u["spill_bytes"] not in (0, None)}
+    assert set(spills) <= {"_state_combine_kernel"}, spills
+
+
 @pytest.mark.single_op
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
@@ -259,9 +385,13 @@ LENGTHS = (4096, 4100, 4104, 4160, 5000)
 
 @pytest.mark.single_op
 @pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
-def test_one_specialization_per_kernel_across_lengths(monkeypatch):
-    """Lengths in every divisibility class by 16, dense and packed: each kernel's launches must all
-    map to one compiled binary (T is not specialized, and no argument is derived from it)."""
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
+    """Lengths in every divisibility class by 16, dense and packed, with the state passes over whole
+    sequences and split into segments: each kernel's launches must all map to one compiled binary (T
+    and the segments' sizes are not specialized, and no argument is derived from them)."""
+    if split:
+        split_every(monkeypatch, 8)
     launches = Launches(monkeypatch)
     keys: dict[int, dict[str, set[str]]] = {}
     for T in LENGTHS:
@@ -271,7 +401,7 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch):
         for kernel, _, args, kwargs, _ in launches.calls:
             keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
     first = keys[LENGTHS[0]]
-    assert len([name for name in first if "l2norm" not in name]) == 8
+    assert len([name for name in first if "l2norm" not in name]) == (11 if split else 8)
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
@@ -364,6 +494,30 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
     assert len(real) == 14 and dry == real  # 6 launches forward, 8 backward
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_dry_run_of_a_class_that_can_split_warms_whole_and_split_passes(monkeypatch, gen):
+    """Where the state passes of the class could split a sequence, the first call's dry run warms the
+    passes with and without the split: a short call and a long one of the class then launch nothing
+    it did not warm."""
+    split_every(monkeypatch, 1)
+    launches = Launches(monkeypatch)
+    short, _ = prepared_call(gen, 60, 2, 4, 32, 48, [0, 60])
+    long, _ = prepared_call(gen, 300, 2, 4, 32, 48, [0, 100, 300])
+    assert triton_chunk._plan(short).split is None and triton_chunk._plan(long).split is not None
+    compile_ahead.dry_run(triton_chunk._dry_run_of(short, triton_chunk._plan(short))[1])
+    warmed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    launches.calls.clear()
+    for call in (short, long):
+        o, final = triton_chunk.chunk_gated_delta_rule(call)
+        (o.float().sum() + final.sum()).backward()
+    launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    assert {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"} <= {
+        name for name, _ in launched
+    }
+    assert launched <= warmed, f"launched, not warmed: {sorted(name for name, _ in launched - warmed)}"
 
 
 class _CountingCompileMode:

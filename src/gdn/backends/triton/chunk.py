@@ -13,13 +13,13 @@ per token and head) and the initial state.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from gdn.backends.triton._common import flavour, is_interpreting
-from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks
-from gdn.backends.triton.common.config import CHUNK, Tiles, tiles_for
+from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, split_sequences
+from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
 from gdn.backends.triton.common.state import state_backward, state_forward
@@ -85,7 +85,9 @@ def _forward(
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, final_state = state_forward(k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot)
+    h, v_new, final_state = state_forward(
+        k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
+    )
     del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
     o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
     kept = (q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
@@ -104,9 +106,10 @@ def _backward(
     want_dh0 = want_dh0 and initial_state is not None
 
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot)
+    exact_dot = _fp32_dot(torch.float32)
+    h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot)
+    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot)
     del w, u  # as in the forward: freed before qk_grads allocates its outputs
     dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
     del h, dh, v_new
@@ -182,13 +185,21 @@ def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
 
 
 def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
-    """The forward's launches and, when a backward will follow, the backward's, on unwritten data."""
+    """The forward's launches and, when a backward will follow, the backward's, on unwritten data; where
+    the class's state passes could split a sequence, with and without the split, so that neither a
+    longer nor a shorter call of the class compiles a binary of its own."""
     h0 = call.initial_state
+    s = call.shapes
+    plans = [plan]
+    if could_split(tiles_for(s.K, s.V, call.k.element_size()), s.HV, s.V, call.q.device):
+        whole = replace(plan, split=None)
+        plans = [whole, split_sequences(whole, max(1, plan.longest))]
     with torch.no_grad():
-        o, final_state, kept, saved = _forward(*_arguments(call, plan))
-        if needs_grad:
-            dht = None if final_state is None else torch.empty_like(final_state)
-            _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
+        for plan in plans:
+            o, final_state, kept, saved = _forward(*_arguments(call, plan))
+            if needs_grad:
+                dht = None if final_state is None else torch.empty_like(final_state)
+                _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
 
 
 def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -201,7 +212,11 @@ def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | 
 
 
 def _plan(call: GdnCall) -> ChunkPlan:
-    return plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, CHUNK, call.q.device)
+    s = call.shapes
+    plan = plan_chunks(s.B, s.T, call.cu_seqlens, CHUNK, call.q.device)
+    tiles = tiles_for(s.K, s.V, call.k.element_size())
+    length = segment_length(tiles, plan.num_sequences * s.HV, s.V, plan.longest, call.q.device)
+    return split_sequences(plan, length) if length else plan
 
 
 def _dry_run_of(call: GdnCall, plan: ChunkPlan) -> tuple[tuple, functools.partial]:

@@ -20,6 +20,14 @@ SUB_CHUNK = 16
 
 OVERRIDES: dict[str, int] = {}
 
+# Splitting a sequence costs a pass over each segment for its summary (the state it leaves from zero
+# and the K x K map of the state entering it: twice the work of the plain pass) and a combine along
+# the segments, so segments are long enough to amortise the extra launch and short enough to give the
+# device a few programs per SM (four of 4 warps fill an SM's registers at K = 128 and a 32-wide slice).
+# Reasoned, not tuned: benchmarks sweep both through OVERRIDES.
+SEGMENT_CHUNKS = 8
+SEGMENT_PROGRAMS = 4
+
 
 @dataclass(frozen=True)
 class Tiles:
@@ -33,12 +41,15 @@ class Tiles:
     prepare_warps: int
     wu_warps: int
     state_warps: int
+    combine_warps: int  # the split state passes' combine holds a K x K map of fp32
     output_warps: int
     dv_warps: int
     dqkwg_warps: int
     wy_bwd_warps: int
     num_stages: int
     state_stages: int  # software pipelining of the state passes' loop over chunks
+    segment_chunks: int  # shortest segment (in chunks) where the state passes split a sequence
+    segment_programs: int  # programs per SM that splitting aims at; 0 never splits
 
 
 def _padded(n: int) -> int:
@@ -68,6 +79,8 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         wy_bwd_bk=KP,
         num_stages=1,
         state_stages=1,
+        segment_chunks=SEGMENT_CHUNKS,
+        segment_programs=SEGMENT_PROGRAMS,
         **warps,
     )
 
@@ -97,12 +110,15 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         prepare_warps=1,
         wu_warps=4,
         state_warps=4,
+        combine_warps=wide,
         output_warps=4,
         dv_warps=4,
         dqkwg_warps=wide,
         wy_bwd_warps=4 if sixteen_bit else wide,
         num_stages=stages,
         state_stages=stages,
+        segment_chunks=SEGMENT_CHUNKS,
+        segment_programs=SEGMENT_PROGRAMS,
     )
 
 
@@ -119,3 +135,22 @@ def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:
     if sequences_x_heads * cdiv(V, tiles.state_bv) >= processors(device):
         return tiles.state_bv
     return tiles.state_bv_short
+
+
+def could_split(tiles: Tiles, heads: int, V: int, device) -> bool:
+    """Whether one sequence of these heads would have its state passes split (`segment_length` of a
+    long enough sequence is not 0): the kernel classes whose first call compiles the split's kernels."""
+    return tiles.segment_programs > 0 and heads * cdiv(V, tiles.state_bv_short) < processors(device)
+
+
+def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, device) -> int:
+    """Chunks per segment where the state passes split the sequences, or 0 where they do not: only when
+    one program per sequence, head and V slice leaves SMs without a program, and only sequences longer
+    than one segment. A function of the batch, the heads and the longest sequence's chunk count; the
+    kernels take segment lengths as runtime arguments, so no length compiles a binary of its own."""
+    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
+    if tiles.segment_programs == 0 or programs >= processors(device):
+        return 0
+    wanted = cdiv(tiles.segment_programs * processors(device), programs)
+    length = max(tiles.segment_chunks, cdiv(longest, wanted))
+    return length if longest > length else 0

@@ -1,4 +1,4 @@
-"""The sequential passes over chunks, parallel over (sequence x value head, V slice); each program keeps
+"""The sequential passes over chunks, parallel over (segment x value head, V slice); each program keeps
 its [K, BV] slice of the state (or of its gradient) in fp32 registers.
 
 Forward, chunk c entering with state S (stored as h[c]):
@@ -7,6 +7,14 @@ Backward, dS the gradient w.r.t. the state leaving chunk c (stored as dh[c]):
     dv = dv_local + exp(G_last - G) (k dS),
     dS <- exp(G_last) dS + scale (q exp(G))^T do - w^T dv,
 which after the first chunk is the initial state's gradient.
+
+Both steps are affine in the state: S <- M_c S + b_c with M_c = exp(G_last) I - (k exp(G_last - G))^T w
+(K x K), and dS <- M_c^T dS + b'_c. A sequence is one segment, or, when one program per sequence, head
+and V slice leaves the device idle, several (`Segments`): then each segment's summary is computed in
+parallel (the state it leaves when entered with zero, and the K x K product of its M_c, by running the
+same step on identity columns with no input), a combine walks the few segments in order to get the
+state entering each, and the plain pass runs over the segments in parallel from those states. The
+backward does the same from the right.
 """
 
 from __future__ import annotations
@@ -18,8 +26,65 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_sequence, masked_exp, mma
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as, masked_exp, mma
 from gdn.backends.triton.compile_ahead import launch
+
+
+@triton.jit
+def locate_segment(i_s, T, NSEG, SEG, bounds, chunk_offsets, BT: tl.constexpr, IS_VARLEN):
+    """Segment i_s -> (its first token, its length, its first chunk's row). Dense batches: NSEG
+    segments of SEG tokens per sequence of T tokens, the last shorter; packed: read from the tables."""
+    if IS_VARLEN != 0:
+        bos = tl.load(bounds + i_s).to(tl.int32)
+        T_s = tl.load(bounds + i_s + 1).to(tl.int32) - bos
+        boc = tl.load(chunk_offsets + i_s).to(tl.int32)
+    else:
+        j = i_s % NSEG
+        bos = (i_s // NSEG) * T + j * SEG
+        T_s = tl.minimum(SEG, T - j * SEG)
+        boc = (i_s // NSEG) * tl.cdiv(T, BT) + j * (SEG // BT)
+    return bos, T_s, boc
+
+
+@triton.jit
+def _gates(i_t, gc, T_n, HV: tl.constexpr, BT: tl.constexpr):
+    """Chunk i_t's rows, their mask, the cumulative gate on them and at the chunk's last row."""
+    rows = i_t * BT + tl.arange(0, BT)
+    mt = rows < T_n
+    G = tl.load(gc + rows * HV, mask=mt, other=0.0)
+    G_last = tl.load(gc + (tl.minimum(i_t * BT + BT, T_n) - 1) * HV)
+    return rows, mt, G, G_last
+
+
+@triton.jit
+def _fwd_update(
+    S,
+    i_t,
+    k,
+    w,
+    u,
+    gc,
+    T_n,
+    o_v,
+    m_u,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    KP: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """-> (v_new = u - w S over chunk i_t, the state leaving it); u's columns o_v read where m_u."""
+    o_k = tl.arange(0, KP)
+    mk = o_k < K
+    rows, mt, G, G_last = _gates(i_t, gc, T_n, HV, BT)
+    wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+    u_t = tl.load(u + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_u[None, :], other=0.0)
+    v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
+    v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
+    kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
 
 
 @triton.jit
@@ -41,37 +106,32 @@ def _fwd_step(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """One chunk; the pointers are offset to the sequence's first token and chunk, and the head."""
-    o_t = tl.arange(0, BT)
+    """One chunk; the pointers are offset to the segment's first token and chunk, and the head."""
     o_k = tl.arange(0, KP)
-    mk, mv = o_k < K, o_v < V
-    tl.store(h + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=mk[:, None] & mv[None, :])
-    rows = i_t * BT + o_t
-    mt = rows < T_n
-    m_tv = mt[:, None] & mv[None, :]
-    wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+    mv = o_v < V
+    tl.store(
+        h + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=(o_k < K)[:, None] & mv[None, :]
+    )
+    v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
+    rows = i_t * BT + tl.arange(0, BT)
     p_u = u + rows[:, None] * HV * V + o_v[None, :]
-    v_new = tl.load(p_u, mask=m_tv, other=0.0).to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
-    tl.store(p_u, cast_as(v_new, u), mask=m_tv)
-
-    G = tl.load(gc + rows * HV, mask=mt, other=0.0)
-    G_last = tl.load(gc + (tl.minimum(i_t * BT + BT, T_n) - 1) * HV)
-    v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
-    kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
-    return S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
+    tl.store(p_u, cast_as(v_new, u), mask=(rows < T_n)[:, None] & mv[None, :])
+    return S
 
 
-@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
+@triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
 def _state_fwd_kernel(
     k,
     w,
     u,
     gc,
     h,
-    h0,
-    ht,
-    cu_seqlens,
+    start,
+    end,
+    bounds,
     chunk_offsets,
+    NSEG,
+    SEG,
     T,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -80,16 +140,17 @@ def _state_fwd_kernel(
     BT: tl.constexpr,
     KP: tl.constexpr,
     BV: tl.constexpr,
-    USE_H0: tl.constexpr,
-    STORE_HT: tl.constexpr,
+    HAS_START,
+    STORE_END,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
-    """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program)."""
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
+    """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program), from the
+    state entering each segment (start, or zero); end: the state leaving each segment."""
+    i_sh, i_v = tl.program_id(0), tl.program_id(1)
+    i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
-    bos, T_n, boc = locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    bos, T_s, boc = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
     o_k = tl.arange(0, KP)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
@@ -102,19 +163,206 @@ def _state_fwd_kernel(
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
     S = tl.zeros([KP, BV], dtype=tl.float32)
-    if USE_H0:
-        S += tl.load(h0 + i_nh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    NT = tl.cdiv(T_n, BT)
+    if HAS_START != 0:
+        S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S = _fwd_step(S, i_t, k, w, u, gc, h, T_n, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            S = _fwd_step(S, i_t, k, w, u, gc, h, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S = _fwd_step(S, i_t, k, w, u, gc, h, T_n, o_v, H, HV, K, V, BT, KP, FP32_DOT)
-    if STORE_HT:
-        tl.store(ht + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
+            S = _fwd_step(S, i_t, k, w, u, gc, h, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+    if STORE_END != 0:
+        tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit
+def _summary_columns(i_c, V: tl.constexpr, K: tl.constexpr, KP: tl.constexpr, BV: tl.constexpr):
+    """A summary program's columns: slices of V (the state left from zero, reading the input) while
+    i_c < cdiv(V, BV), then slices of K (the map of the entering state, started from the identity).
+    -> (columns within their part, their mask, the mask of the input they read, the identity start,
+    the columns in the summary's [K, V + K] rows). Every flag is a block: Triton 3.9's interpreter
+    rejects a mask combined from a scalar comparison."""
+    NV: tl.constexpr = (V + BV - 1) // BV
+    column = i_c * BV + tl.arange(0, BV)
+    reads = column < NV * BV
+    o_c = tl.where(reads, column, column - NV * BV)
+    m_c = o_c < tl.where(reads, V, K)
+    o_k = tl.arange(0, KP)
+    start = ((o_k[:, None] == o_c[None, :]) & (m_c & (column >= NV * BV))[None, :]).to(tl.float32)
+    return o_c, m_c, m_c & reads, start, tl.where(reads, o_c, V + o_c)
+
+
+@triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN"])
+def _state_fwd_summary_kernel(
+    k,
+    w,
+    u,
+    gc,
+    summary,
+    bounds,
+    chunk_offsets,
+    NSEG,
+    SEG,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    KP: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN,
+    FP32_DOT: tl.constexpr,
+):
+    """summary[segment, head] = [B | P] ([K, V + K] fp32): the state leaving the segment is P S + B for
+    the state S entering it."""
+    i_sh, i_c = tl.program_id(0), tl.program_id(1)
+    i_hv = i_sh % HV
+    i_h = i_hv // (HV // H)
+    bos, T_s, _ = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    o_c, m_c, m_u, S, o_out = _summary_columns(i_c, V, K, KP, BV)
+    bos = bos.to(tl.int64)
+    k += (bos * H + i_h) * K
+    w += (bos * HV + i_hv) * K
+    u += (bos * HV + i_hv) * V
+    gc += bos * HV + i_hv
+
+    NT = tl.cdiv(T_s, BT)
+    if INTERPRET:  # see _state_fwd_kernel
+        i_t = 0
+        while i_t < NT:
+            _v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_s, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            i_t += 1
+    else:
+        for i_t in range(0, NT):
+            _v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_s, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+    o_k = tl.arange(0, KP)
+    p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
+    tl.store(p, S, mask=(o_k < K)[:, None] & m_c[None, :])
+
+
+@triton.jit
+def _combine_step(
+    S,
+    summary,
+    seeds,
+    s0,
+    s1,
+    i,
+    REVERSE,
+    i_hv,
+    o_v,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    KP: tl.constexpr,
+    DOT: tl.constexpr,
+):
+    """The walk's i-th segment: its seed is S, and P S + B of its summary what it passes on."""
+    i_s = s0 + i + REVERSE * (s1 - 1 - 2 * i - s0)
+    o_k = tl.arange(0, KP)
+    mk = o_k < K
+    mv = o_v < V
+    at = (i_s * HV + i_hv).to(tl.int64) * K
+    tl.store(seeds + at * V + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
+    row = summary + at * (V + K) + o_k[:, None] * (V + K)
+    P = tl.load(row + V + o_k[None, :], mask=mk[:, None] & mk[None, :], other=0.0)
+    B = tl.load(row + o_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
+    return tl.dot(P, S, input_precision=DOT) + B
+
+
+@triton.jit
+def _sequence_segments(i_n, first, NSEG, IS_VARLEN):
+    """Sequence i_n -> its first segment and the one after its last."""
+    if IS_VARLEN != 0:
+        return tl.load(first + i_n).to(tl.int32), tl.load(first + i_n + 1).to(tl.int32)
+    return i_n * NSEG, i_n * NSEG + NSEG
+
+
+@triton.jit(do_not_specialize=["NSEG", "IS_VARLEN", "HAS_START", "STORE_END", "REVERSE"])
+def _state_combine_kernel(
+    summary,
+    start,
+    seeds,
+    end,
+    first,
+    NSEG,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    KP: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_START,
+    STORE_END,
+    REVERSE,
+    IS_VARLEN,
+    DOT: tl.constexpr,
+):
+    """Walks a sequence's segments, in order (the forward) or from the last (REVERSE: the backward),
+    from start (or zero): seeds[segment] what that segment's pass starts from, end what the walk
+    leaves (the final state; the initial state's gradient)."""
+    i_nh, i_v = tl.program_id(0), tl.program_id(1)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    s0, s1 = _sequence_segments(i_n, first, NSEG, IS_VARLEN)
+    o_k = tl.arange(0, KP)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
+    kv = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([KP, BV], dtype=tl.float32)
+    if HAS_START != 0:
+        S += tl.load(start + i_nh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    if INTERPRET:  # see _state_fwd_kernel
+        i = 0
+        while i < s1 - s0:
+            S = _combine_step(S, summary, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+            i += 1
+    else:
+        for i in range(0, s1 - s0):
+            S = _combine_step(S, summary, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+    if STORE_END != 0:
+        tl.store(end + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
+
+
+@triton.jit
+def _bwd_update(
+    dS,
+    i_t,
+    q,
+    k,
+    w,
+    gc,
+    do,
+    dv,
+    scale,
+    T_n,
+    o_v,
+    m_in,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    KP: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """-> (dv over chunk i_t, the gradient w.r.t. the state entering it); do and the local dv (columns
+    o_v) read where m_in."""
+    o_k = tl.arange(0, KP)
+    mk = o_k < K
+    rows, mt, G, G_last = _gates(i_t, gc, T_n, HV, BT)
+    m_tv = mt[:, None] & m_in[None, :]
+    m_kt = mk[:, None] & mt[None, :]
+    kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
+    dv_t = mma(kt, cast_as(dS, k), FP32_DOT) * masked_exp(G_last - G, mt)[:, None]
+    dv_t += tl.load(dv + rows[:, None] * HV * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
+    qT = tl.load(q + rows[None, :] * H * K + o_k[:, None], mask=m_kt, other=0.0)
+    qT = cast_as(qT.to(tl.float32) * (scale * masked_exp(G, mt))[None, :], k)
+    wT = tl.load(w + rows[None, :] * HV * K + o_k[:, None], mask=m_kt, other=0.0)
+    do_t = tl.load(do + rows[:, None] * HV * V + o_v[None, :], mask=m_tv, other=0.0)
+    return dv_t, dS * tl.exp(G_last) + mma(qT, do_t, FP32_DOT) - mma(wT, cast_as(dv_t, k), FP32_DOT)
 
 
 @triton.jit
@@ -140,31 +388,18 @@ def _bwd_step(
     FP32_DOT: tl.constexpr,
 ):
     """One chunk, in reverse order; pointers offset as in _fwd_step."""
-    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, KP)
-    mk, mv = o_k < K, o_v < V
-    tl.store(dh + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=mk[:, None] & mv[None, :])
-    rows = i_t * BT + o_t
-    mt = rows < T_n
-    m_tv = mt[:, None] & mv[None, :]
-    m_kt = mk[:, None] & mt[None, :]
-    G = tl.load(gc + rows * HV, mask=mt, other=0.0)
-    G_last = tl.load(gc + (tl.minimum(i_t * BT + BT, T_n) - 1) * HV)
-
-    kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-    p_dv = dv + rows[:, None] * HV * V + o_v[None, :]
-    dv_t = mma(kt, cast_as(dS, k), FP32_DOT) * masked_exp(G_last - G, mt)[:, None]
-    dv_t += tl.load(p_dv, mask=m_tv, other=0.0).to(tl.float32)
-    tl.store(p_dv, cast_as(dv_t, dv), mask=m_tv)
-
-    qT = tl.load(q + rows[None, :] * H * K + o_k[:, None], mask=m_kt, other=0.0)
-    qT = cast_as(qT.to(tl.float32) * (scale * masked_exp(G, mt))[None, :], k)
-    wT = tl.load(w + rows[None, :] * HV * K + o_k[:, None], mask=m_kt, other=0.0)
-    do_t = tl.load(do + rows[:, None] * HV * V + o_v[None, :], mask=m_tv, other=0.0)
-    return dS * tl.exp(G_last) + mma(qT, do_t, FP32_DOT) - mma(wT, cast_as(dv_t, k), FP32_DOT)
+    mv = o_v < V
+    tl.store(
+        dh + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=(o_k < K)[:, None] & mv[None, :]
+    )
+    dv_t, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
+    rows = i_t * BT + tl.arange(0, BT)
+    tl.store(dv + rows[:, None] * HV * V + o_v[None, :], cast_as(dv_t, dv), mask=(rows < T_n)[:, None] & mv[None, :])
+    return dS
 
 
-@triton.jit(do_not_specialize=["T", "IS_VARLEN"])
+@triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
 def _state_bwd_kernel(
     q,
     k,
@@ -173,10 +408,12 @@ def _state_bwd_kernel(
     do,
     dv,
     dh,
-    dht,
-    dh0,
-    cu_seqlens,
+    start,
+    end,
+    bounds,
     chunk_offsets,
+    NSEG,
+    SEG,
     scale,
     T,
     H: tl.constexpr,
@@ -186,16 +423,18 @@ def _state_bwd_kernel(
     BT: tl.constexpr,
     KP: tl.constexpr,
     BV: tl.constexpr,
-    USE_DHT: tl.constexpr,
-    STORE_DH0: tl.constexpr,
+    HAS_START,
+    STORE_END,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
-    """Writes dh[c] (gradient w.r.t. the state leaving chunk c) and the full dv over the local dv."""
-    i_nh, i_v = tl.program_id(0), tl.program_id(1)
-    i_n, i_hv = i_nh // HV, i_nh % HV
+    """Writes dh[c] (gradient w.r.t. the state leaving chunk c) and the full dv over the local dv, from
+    the gradient w.r.t. the state leaving each segment (start, or zero); end: the gradient w.r.t. the
+    state entering each segment."""
+    i_sh, i_v = tl.program_id(0), tl.program_id(1)
+    i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
-    bos, T_n, boc = locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT, IS_VARLEN)
+    bos, T_s, boc = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
     o_k = tl.arange(0, KP)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
@@ -210,19 +449,149 @@ def _state_bwd_kernel(
     dh += (boc * HV + i_hv).to(tl.int64) * K * V
 
     dS = tl.zeros([KP, BV], dtype=tl.float32)
-    if USE_DHT:
-        dS += tl.load(dht + i_nh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    NT = tl.cdiv(T_n, BT)
+    if HAS_START != 0:
+        dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1
         while i_t >= 0:
-            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_n, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
             i_t -= 1
     else:
         for i_t in range(NT - 1, -1, -1):
-            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_n, o_v, H, HV, K, V, BT, KP, FP32_DOT)
-    if STORE_DH0:
-        tl.store(dh0 + i_nh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
+            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+    if STORE_END != 0:
+        tl.store(end + i_sh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
+
+
+@triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN"])
+def _state_bwd_summary_kernel(
+    q,
+    k,
+    w,
+    gc,
+    do,
+    dv,
+    summary,
+    bounds,
+    chunk_offsets,
+    NSEG,
+    SEG,
+    scale,
+    T,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    KP: tl.constexpr,
+    BV: tl.constexpr,
+    IS_VARLEN,
+    FP32_DOT: tl.constexpr,
+):
+    """summary[segment, head] = [B | P]: the gradient w.r.t. the state entering the segment is P dS + B
+    for the gradient dS w.r.t. the state leaving it."""
+    i_sh, i_c = tl.program_id(0), tl.program_id(1)
+    i_hv = i_sh % HV
+    i_h = i_hv // (HV // H)
+    bos, T_s, _ = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    o_c, m_c, m_in, dS, o_out = _summary_columns(i_c, V, K, KP, BV)
+    bos = bos.to(tl.int64)
+    q += (bos * H + i_h) * K
+    k += (bos * H + i_h) * K
+    w += (bos * HV + i_hv) * K
+    gc += bos * HV + i_hv
+    do += (bos * HV + i_hv) * V
+    dv += (bos * HV + i_hv) * V
+
+    NT = tl.cdiv(T_s, BT)
+    if INTERPRET:  # see _state_fwd_kernel
+        i_t = NT - 1
+        while i_t >= 0:
+            _dv, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_s, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT)
+            i_t -= 1
+    else:
+        for i_t in range(NT - 1, -1, -1):
+            _dv, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_s, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT)
+    o_k = tl.arange(0, KP)
+    p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
+    tl.store(p, dS, mask=(o_k < K)[:, None] & m_c[None, :])
+
+
+def _absent(like: torch.Tensor) -> torch.Tensor:
+    """Stands for an optional tensor the kernel's runtime flag says it does not read (a None would be a
+    constant of its own binary)."""
+    return torch.empty(0, dtype=torch.float32, device=like.device)
+
+
+def _state_pass(
+    kernel,
+    summary_kernel,
+    reads: tuple,
+    writes: torch.Tensor,
+    scalars: tuple,
+    start: torch.Tensor | None,
+    end: torch.Tensor | None,
+    reverse: bool,
+    like: torch.Tensor,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+    exact_dot: str,
+) -> None:
+    """One state pass (forward, or backward with `reverse`) over the plan's segments: `kernel(*reads,
+    writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
+    sequences first get their segments' summaries and seeds (`summary_kernel(*reads, summary,
+    <segments>, *scalars)`, then the combine)."""
+    HV, K, V = writes.shape[1:]
+    N = plan.num_sequences
+    segments = plan.segments()
+    layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
+    shapes = dict(H=like.shape[2], HV=HV, K=K, V=V, BT=CHUNK, KP=tiles.KP, IS_VARLEN=int(plan.is_varlen))
+    warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_stages)
+    if plan.split is None:
+        bv = state_slice(tiles, N * HV, V, like.device)
+    else:
+        bv = tiles.state_bv_short
+        summary = torch.empty(segments.count, HV, K, V + K, dtype=torch.float32, device=like.device)
+        launch(summary_kernel, (segments.count * HV, cdiv(V, bv) + cdiv(K, bv)))(
+            *reads, summary, *layout, *scalars, **shapes, BV=bv, FP32_DOT=fp32_dot, **warps
+        )
+        seeds = torch.empty(segments.count, HV, K, V, dtype=torch.float32, device=like.device)
+        launch(_state_combine_kernel, (N * HV, cdiv(V, bv)))(
+            summary,
+            _absent(like) if start is None else start,
+            seeds,
+            _absent(like) if end is None else end,
+            segments.first,
+            segments.per_sequence,
+            HV=HV,
+            K=K,
+            V=V,
+            KP=tiles.KP,
+            BV=bv,
+            HAS_START=int(start is not None),
+            STORE_END=int(end is not None),
+            REVERSE=int(reverse),
+            IS_VARLEN=int(plan.is_varlen),
+            DOT=exact_dot,
+            num_warps=tiles.combine_warps,
+        )
+        start, end = seeds, None
+    launch(kernel, (segments.count * HV, cdiv(V, bv)))(
+        *reads,
+        writes,
+        _absent(like) if start is None else start,
+        _absent(like) if end is None else end,
+        *layout,
+        *scalars,
+        **shapes,
+        BV=bv,
+        HAS_START=int(start is not None),
+        STORE_END=int(end is not None),
+        FP32_DOT=fp32_dot,
+        **warps,
+    )
 
 
 def state_forward(
@@ -235,39 +604,30 @@ def state_forward(
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
+    exact_dot: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> (h [chunks, HV, K, V] entering states in k's dtype, v_new (written over u), final state fp32)."""
-    T, H, K = k.shape[1:]
+    """-> (h [chunks, HV, K, V] entering states in k's dtype, v_new (written over u), final state fp32).
+
+    exact_dot: the fp32 precision of the products that combine split sequences' segments."""
     HV, V = u.shape[2], u.shape[3]
-    N = plan.num_sequences
+    K = k.shape[3]
     h = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    bv = state_slice(tiles, N * HV, V, k.device)
+    ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     with device_guard(k):
-        launch(_state_fwd_kernel, (N * HV, cdiv(V, bv)))(
-            k,
-            w,
-            u,
-            gc,
+        _state_pass(
+            _state_fwd_kernel,
+            _state_fwd_summary_kernel,
+            (k, w, u, gc),
             h,
+            (k.shape[1],),
             initial_state,
             ht,
-            plan.cu_seqlens,
-            plan.chunk_offsets,
-            T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
-            KP=tiles.KP,
-            BV=bv,
-            USE_H0=initial_state is not None,
-            STORE_HT=output_final_state,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
-            num_warps=tiles.state_warps,
-            num_stages=tiles.state_stages,
+            False,
+            k,
+            plan,
+            tiles,
+            fp32_dot,
+            exact_dot,
         )
     return h, u, ht
 
@@ -285,44 +645,30 @@ def state_backward(
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
+    exact_dot: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> (dh [chunks, HV, K, V] fp32, dv (written over dv_local), dh0 fp32 or None).
 
     dh stays fp32: it carries the final state's gradient, and its bf16 rounding was the largest error
     in the gate gradient (tokens near the end of a sequence)."""
-    T, H, K = k.shape[1:]
     HV, V = do.shape[2], do.shape[3]
-    N = plan.num_sequences
+    K = k.shape[3]
     dh = torch.empty(plan.num_chunks, HV, K, V, dtype=torch.float32, device=k.device)
-    dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
-    bv = state_slice(tiles, N * HV, V, k.device)
+    dh0 = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
     with device_guard(k):
-        launch(_state_bwd_kernel, (N * HV, cdiv(V, bv)))(
-            q,
-            k,
-            w,
-            gc,
-            do,
-            dv_local,
+        _state_pass(
+            _state_bwd_kernel,
+            _state_bwd_summary_kernel,
+            (q, k, w, gc, do, dv_local),
             dh,
+            (scale, k.shape[1]),
             dht,
             dh0,
-            plan.cu_seqlens,
-            plan.chunk_offsets,
-            scale,
-            T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
-            KP=tiles.KP,
-            BV=bv,
-            USE_DHT=dht is not None,
-            STORE_DH0=want_dh0,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
-            num_warps=tiles.state_warps,
-            num_stages=tiles.state_stages,
+            True,
+            k,
+            plan,
+            tiles,
+            fp32_dot,
+            exact_dot,
         )
     return dh, dv_local, dh0
