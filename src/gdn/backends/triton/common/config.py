@@ -23,8 +23,9 @@ OVERRIDES: dict[str, int] = {}
 # Splitting a sequence costs a pass over each segment for its summary (the state it leaves from zero
 # and the K x K map of the state entering it: twice the work of the plain pass) and a combine along
 # the segments, so segments are long enough to amortise the extra launch and short enough to give the
-# device a few programs per SM (four of 4 warps fill an SM's registers at K = 128 and a 32-wide slice).
-# Reasoned, not tuned: benchmarks sweep both through OVERRIDES.
+# device a few programs per SM (at K = 128 and a 32-wide slice on sm_90, four forward programs of 4
+# warps fill an SM's registers, 126 a thread; the backward's 210 fit two). Reasoned, not tuned:
+# benchmarks sweep both through OVERRIDES.
 SEGMENT_CHUNKS = 8
 SEGMENT_PROGRAMS = 4
 
