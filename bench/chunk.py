@@ -7,9 +7,12 @@ backward refuses Triton >= 3.4, < 3.7.1) is bypassed for timing only: its number
 statement that its backward is correct on that stack. Also checks each implementation against eager:
 the worst of o and the five gradients, and the gate's gradient summed over the tokens per head.
 
-With --sweep, also the triton forward+backward under each setting of SWEEP (knobs of
-gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every kernel of one
-forward+backward (torch.profiler), triton's, fla's and FlashQLA's side by side, to say where the time goes.
+gdn's triton forward+backward is also timed replayed from a CUDA graph (dense rows), which leaves out
+the host work between its launches. With --sweep, also the triton forward+backward under each setting
+of SWEEP (knobs of gdn.backends.triton.common.config.OVERRIDES); with --profile, the CUDA time of every
+kernel of one forward+backward (torch.profiler), triton's, fla's and FlashQLA's side by side, to say
+where the time goes, and their sum per row (`kernel_ms`) with gdn's ratios to each peer, so that host
+overhead hides neither side.
 
 Rows: (B, T) = (1, 8192), (4, 4096), (1, 32768), and a packed row of 64 sequences of uneven length
 (64-960 tokens drawn, scaled to 32,768 in all) as GRPO rollouts pack. Where FlashQLA is installed, fla
@@ -150,6 +153,24 @@ def measure(fn, inputs, do) -> dict:
     }
 
 
+def graphed_ms(fn, inputs, do) -> float:
+    """forward+backward captured once in a CUDA graph and replayed: the kernels' time with no host work
+    between them (dense calls; a packed call copies its lengths to the host and cannot be captured)."""
+    fwd_bwd = fwd_bwd_of(fn, inputs, do)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up off the capture stream, as capture requires
+        for _ in range(3):
+            fwd_bwd()
+    torch.cuda.current_stream().wait_stream(side)
+    for x in inputs:
+        x.grad = None  # the captured backward allocates the gradients from the graph's pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fwd_bwd()
+    return median_ms(graph.replay)
+
+
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 
 
@@ -247,6 +268,11 @@ def main() -> None:
                     errors = agreement(fn, bound["eager"], inputs, do)
                     worst = max(v for k, v in errors.items() if k != "dg summed")
                     row |= {"rel_err_vs_eager": worst, "dg_summed_err": errors["dg summed"], "rel_err": errors}
+                if name == "triton" and cu is None:
+                    try:
+                        row["fwd_bwd_graph_ms"] = round(graphed_ms(fn, inputs, do), 3)
+                    except Exception as exc:  # a call that cannot be captured is a result too
+                        row["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 rows.append(row)
                 print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
             if "--sweep" in sys.argv:
@@ -258,10 +284,18 @@ def main() -> None:
                         kernels += kernel_times(bound[name], inputs, do, shape, name)
             torch.cuda.empty_cache()
     for row in rows:
-        fla = next((r for r in rows if r["shape"] == row["shape"] and r["impl"] == "fla"), None)
-        if fla and row["impl"] == "triton":
-            row["fwd_bwd_vs_fla"] = round(row["fwd_bwd_ms"] / fla["fwd_bwd_ms"], 3)
-            row["fwd_vs_fla"] = round(row["fwd_ms"] / fla["fwd_ms"], 3)
+        same = [r for r in kernels if r["shape"] == row["shape"] and r["impl"] == row["impl"]]
+        if same:
+            row["kernel_ms"] = round(sum(r["ms"] for r in same), 3)
+        if row["impl"] != "triton":
+            continue
+        for peer in ("fla", "flashqla"):
+            other = next((r for r in rows if r["shape"] == row["shape"] and r["impl"] == peer), None)
+            if other:
+                row[f"fwd_vs_{peer}"] = round(row["fwd_ms"] / other["fwd_ms"], 3)
+                row[f"fwd_bwd_vs_{peer}"] = round(row["fwd_bwd_ms"] / other["fwd_bwd_ms"], 3)
+                if "kernel_ms" in row and "kernel_ms" in other:
+                    row[f"kernel_vs_{peer}"] = round(row["kernel_ms"] / other["kernel_ms"], 3)
     env = environment("fla-core", "flash-qla", "tilelang")
     columns = [
         "shape",
@@ -273,7 +307,8 @@ def main() -> None:
         "rel_err_vs_eager",
         "dg_summed_err",
     ]
-    print_table(rows, [*columns, "fwd_vs_fla", "fwd_bwd_vs_fla"])
+    print_table(rows, [*columns, "fwd_bwd_graph_ms", "kernel_ms", "fwd_bwd_vs_fla", "fwd_bwd_vs_flashqla"])
+    print_table(rows, ["shape", "impl", "kernel_vs_fla", "kernel_vs_flashqla", "graph_error"])
     payload = {
         "environment": env,
         "dtype": "bfloat16",
