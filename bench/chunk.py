@@ -55,8 +55,11 @@ SWEEP = [
     {"state_warps": 8},
     {"state_bv": 32},
     {"output_bv": 64},
-    # the split state passes (one sequence of 32 heads leaves SMs idle): off, and coarser or finer
+    # the split state passes (one sequence of 32 heads leaves SMs idle): off, and coarser or finer; and
+    # the other way to more programs, narrower V slices (the same work, w and k read by more programs)
     {"segment_programs": 0},
+    {"segment_programs": 0, "state_bv_short": 16},
+    {"state_bv_short": 16},
     {"segment_programs": 2},
     {"segment_programs": 8},
     {"segment_chunks": 4},
