@@ -55,15 +55,17 @@ SWEEP = [
     {"state_warps": 8},
     {"state_bv": 32},
     {"output_bv": 64},
-    # the split state passes (one sequence of 32 heads leaves SMs idle): off, and coarser or finer; and
-    # the other way to more programs, narrower V slices (the same work, w and k read by more programs)
-    {"segment_programs": 0},
-    {"segment_programs": 0, "state_bv_short": 16},
-    {"state_bv_short": 16},
+    # the split state passes (off by default; one sequence of 32 heads leaves SMs idle): aiming at 2, 3,
+    # 4 programs per SM, shorter and longer segments, the forward alone; and the other way to more
+    # programs, narrower V slices (the same work, w and k read by more programs)
     {"segment_programs": 2},
-    {"segment_programs": 8},
-    {"segment_chunks": 4},
-    {"segment_chunks": 16},
+    {"segment_programs": 3},
+    {"segment_programs": 4},
+    {"segment_programs": 3, "segment_chunks": 4},
+    {"segment_programs": 3, "segment_chunks": 16},
+    {"segment_programs": 3, "split_backward": 0},
+    {"state_bv_short": 16},
+    {"state_bv_short": 16, "segment_programs": 3},
 ]
 PROFILED_REPS = 5
 

@@ -155,7 +155,7 @@ def split_every(monkeypatch, chunks: int) -> None:
     """Make the state passes split every sequence longer than `chunks` chunks into segments of that
     many: a device of many SMs (the interpreter counts one) and the shortest segment lowered."""
     monkeypatch.setattr(config, "processors", lambda device: 100_000)
-    monkeypatch.setattr(config, "OVERRIDES", {"segment_chunks": chunks})
+    monkeypatch.setattr(config, "OVERRIDES", {"segment_chunks": chunks, "segment_programs": 3})
 
 
 # (B or sequence bounds, T, chunks per segment, initial state, l2norm): a split with a short last
@@ -187,6 +187,16 @@ def test_split_state_passes_match_fp64_recurrence(batch, T, chunks, with_state, 
 
 
 @pytest.mark.shape_grid
+def test_split_forward_with_a_whole_backward(gen, monkeypatch):
+    """split_backward = 0: the forward's state passes (the backward's recomputation too) split, the
+    backward's reverse pass runs whole."""
+    split_every(monkeypatch, 1)
+    config.OVERRIDES["split_backward"] = 0
+    inputs = make_inputs(gen, 200, 1, 2, 32, 48, B=2)
+    check_against_recurrence(gen, inputs, TOL[torch.float32], l2norm=True)
+
+
+@pytest.mark.shape_grid
 def test_split_state_passes_in_half_precision(gen, monkeypatch):
     split_every(monkeypatch, 1)
     inputs = make_inputs(gen, 260, 1, 2, 64, 64, dtype=torch.bfloat16)
@@ -210,19 +220,22 @@ def test_packed_segments_tables():
 @pytest.mark.single_op
 def test_sequences_are_split_only_where_the_device_would_idle(monkeypatch):
     """One sequence of 32 value heads with 128-wide values (128 programs of 32-wide slices) leaves SMs
-    of a 132-SM device idle: segments for about four programs per SM, never under the shortest segment,
-    and no split for a sequence within one segment or a batch that fills the device."""
+    of a 132-SM device idle: segments for about three programs per SM, never under the shortest segment,
+    and no split for a sequence within one segment, a batch that fills the device, or K over 128."""
     monkeypatch.setattr(config, "processors", lambda device: 132)
-    monkeypatch.setattr(config, "OVERRIDES", {"state_bv_short": 32})  # the GPU's, also under the interpreter
+    assert not config.could_split(config.tiles_for(128, 128, 2), 32, 128, torch.device("cpu"))  # off by default
+    # the GPU's slice, also under the interpreter, and splitting on
+    monkeypatch.setattr(config, "OVERRIDES", {"state_bv_short": 32, "segment_programs": 3})
     tiles = config.tiles_for(128, 128, 2)
-    assert tiles.segment_programs == 4
     cpu = torch.device("cpu")
-    assert config.segment_length(tiles, 32, 128, 128, cpu) == 26  # 5 segments: 640 programs
-    assert config.segment_length(tiles, 32, 128, 512, cpu) == 103
+    assert config.segment_length(tiles, 32, 128, 128, cpu) == 32  # 4 segments: 512 programs
+    assert config.segment_length(tiles, 32, 128, 512, cpu) == 128
     assert config.segment_length(tiles, 32, 128, 20, cpu) == tiles.segment_chunks
     assert config.segment_length(tiles, 32, 128, tiles.segment_chunks, cpu) == 0
     assert config.segment_length(tiles, 64, 128, 512, cpu) == 0
     assert config.could_split(tiles, 32, 128, cpu) and not config.could_split(tiles, 64, 128, cpu)
+    wide = config.tiles_for(256, 128, 2)  # the combine's 256 x 256 map would not fit shared memory
+    assert config.segment_length(wide, 8, 128, 512, cpu) == 0 and not config.could_split(wide, 8, 128, cpu)
 
 
 STATE_SCENARIO = """
@@ -232,47 +245,62 @@ from gdn.backends.triton import chunk, l2norm
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd
 from gdn.calls import PREPARE
 
-config.processors = lambda device: 132  # an H200's SMs: one sequence of 32 heads splits
+config.processors = lambda device: 132  # an H200's SMs: one sequence of 32 heads splits, once on
+config.OVERRIDES.update(segment_programs=3)
 chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
-q, k = (torch.randn(1, 8192, 16, 128, dtype=torch.bfloat16) for _ in range(2))
-v, beta = torch.randn(1, 8192, 32, 128, dtype=torch.bfloat16), torch.rand(1, 8192, 32, dtype=torch.bfloat16)
-call = PREPARE["chunk_gated_delta_rule"](q, k, v, -torch.rand(1, 8192, 32), beta, output_final_state=True)
 kernels = {n: f for n, f in vars(state).items() if isinstance(f, JITFunction) and n.endswith("_kernel")}
-for name in kernels:
-    setattr(state, name, Recorder())
 for m in (wy, wy_bwd, output, qk_grads, l2norm):  # only the state kernels compile here
     for name, f in list(vars(m).items()):
         if isinstance(f, JITFunction) and name.endswith("_kernel"):
             setattr(m, name, Recorder())
-RESULT["split"] = chunk._plan(call).split.count
-for plan in (chunk._plan(call), dataclasses.replace(chunk._plan(call), split=None)):
-    with torch.no_grad():
-        o, final, kept, saved = chunk._forward(*chunk._arguments(call, plan))
-        chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final), False)
-RESULT["usage"] = {}
-for name, f in kernels.items():
-    for args, kwargs in getattr(state, name).launches:
-        RESULT["usage"].setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
+
+
+def usage(K, V, HV, dtype):
+    # one sequence of 8192 tokens with an initial and a final state, forward and backward, split or not
+    for name in kernels:
+        setattr(state, name, Recorder())
+    q, k = (torch.randn(1, 8192, 16, K, dtype=dtype) for _ in range(2))
+    v, beta = torch.randn(1, 8192, HV, V, dtype=dtype), torch.rand(1, 8192, HV, dtype=dtype)
+    h0 = torch.zeros(1, HV, K, V)
+    g = -torch.rand(1, 8192, HV)
+    call = PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    plan = chunk._plan(call)
+    for plan in [plan] if plan.split is None else [plan, dataclasses.replace(plan, split=None)]:
+        with torch.no_grad():
+            o, final, kept, saved = chunk._forward(*chunk._arguments(call, plan))
+            chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final), True)
+    found = {}
+    for name, f in kernels.items():
+        for args, kwargs in getattr(state, name).launches:
+            found.setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
+    return found
+
+
+RESULT["bf16 K=128"] = usage(128, 128, 32, torch.bfloat16)
+RESULT["bf16 K=256"] = usage(256, 256, 16, torch.bfloat16)
+RESULT["fp32 K=256"] = usage(256, 256, 16, torch.float32)
 """
+# an H200 SM's shared memory for one block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+H200_SHARED_BYTES = 232_448
 
 
 @pytest.mark.single_op
 def test_state_kernels_compile_for_hopper():
-    """The state passes, split and whole, at a model's shapes (bf16, 32 heads of 128 x 128, one
-    sequence of 8192 tokens) through the NVIDIA compiler for sm_90 (the interpreter accepts some
-    programs the compiler rejects): one binary each, and no spills but in the combine (its K x K map)."""
+    """The state passes through the NVIDIA compiler for sm_90 (the interpreter accepts some programs the
+    compiler rejects, and knows no shared-memory limit): one sequence of 8192 tokens, bf16 with 32 heads
+    of 128 x 128 (split and whole), bf16 and fp32 with 16 heads of 256 x 256 (never split). One binary
+    per kernel, every one within an H200 SM's shared memory, and no spills at K = 128 but in the combine
+    (its K x K map)."""
     result = run_on_hopper_compiler(STATE_SCENARIO)
-    assert result["split"] > 1
-    usage = result["usage"]
-    assert set(usage) == {
-        "_state_fwd_kernel",
-        "_state_bwd_kernel",
-        "_state_fwd_summary_kernel",
-        "_state_bwd_summary_kernel",
-        "_state_combine_kernel",
-    }
-    assert all(len(binaries) == 1 for binaries in usage.values()), usage
-    spills = {name: u for name, b in usage.items() for u in b.values() if u["spill_bytes"] not in (0, None)}
+    split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
+    plain = {"_state_fwd_kernel", "_state_bwd_kernel"}
+    assert set(result["bf16 K=128"]) == plain | split
+    assert set(result["bf16 K=256"]) == set(result["fp32 K=256"]) == plain
+    for case, usage in result.items():
+        assert all(len(binaries) == 1 for binaries in usage.values()), (case, usage)
+        over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
+        assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
+    spills = {n: u for n, b in result["bf16 K=128"].items() for u in b.values() if u["spill_bytes"] not in (0, None)}
     assert set(spills) <= {"_state_combine_kernel"}, spills
 
 
@@ -718,3 +746,34 @@ def test_many_sequences_stay_within_launch_limits(monkeypatch):
         assert grid[0] < 2**31 and all(axis <= 65535 for axis in grid[1:]), (kernel.fn.__name__, grid)
         if kernel in chunk_kernels:
             assert grid[0] >= N, (kernel.fn.__name__, grid)
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
+def test_a_sequence_past_32_bit_state_offsets():
+    """One sequence of 270,000 tokens with 32 value heads of 128 x 128: the state rows of its last
+    chunks lie past 2^31 elements from its first (chunk 4096 on). Forward against the eager backend."""
+    from gdn.backends.eager import gated_delta
+
+    free, _ = torch.cuda.mem_get_info()
+    if free < 40 * 2**30:
+        pytest.skip(f"needs 40 GiB of free GPU memory, {free / 2**30:.0f} free")
+    gen = torch.Generator(DEVICE).manual_seed(0)  # drawn on the device: 2.2e9 values
+
+    def randn(*shape):
+        return torch.randn(*shape, device=DEVICE, generator=gen, dtype=torch.bfloat16)
+
+    T = 270_000
+    q, k, v = randn(1, T, 16, 128), randn(1, T, 16, 128), randn(1, T, 32, 128)
+    g = -torch.rand(1, T, 32, device=DEVICE, generator=gen) * 0.5
+    beta = torch.rand(1, T, 32, device=DEVICE, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        calls = [
+            PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            for _ in range(2)
+        ]
+        o, final = triton_chunk.chunk_gated_delta_rule(calls[0])
+        ro, rfinal = gated_delta.chunk_gated_delta_rule(calls[1])
+    errors = {"o": rel_err(o, ro), "o past 2^31": rel_err(o[:, 262_144:], ro[:, 262_144:])}
+    errors["final_state"] = rel_err(final, rfinal)
+    assert all(err <= TOL[torch.bfloat16] for err in errors.values()), errors

@@ -427,12 +427,13 @@ def launch_key(launch):
 
 
 def compile_sm90(launch):
-    """Compiles for sm_90; returns ptxas's register count and spill bytes (None without ptxas)."""
+    """Compiles for sm_90; returns ptxas's register count and spill bytes (None without ptxas) and the
+    shared memory a block needs."""
     signature, constexprs, attrs, options = specialize(*launch)
     source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
     binary = compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     if PTXAS is None:
-        return {"registers": None, "spill_bytes": None}
+        return {"registers": None, "spill_bytes": None, "shared": binary.metadata.shared}
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "kernel.ptx"
         ptx.write_text(binary.asm["ptx"])
@@ -441,6 +442,7 @@ def compile_sm90(launch):
     return {
         "registers": int(re.search(r"Used (\\d+) registers", log).group(1)),
         "spill_bytes": int(re.search(r"(\\d+) bytes spill stores", log).group(1)),
+        "shared": binary.metadata.shared,  # bytes a block asks for: a launch past the SM's fails
     }
 '''
 

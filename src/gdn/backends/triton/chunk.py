@@ -200,6 +200,7 @@ def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
             if needs_grad:
                 dht = None if final_state is None else torch.empty_like(final_state)
                 _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
+            del o, final_state, kept  # not held while the next plan's buffers are allocated
 
 
 def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | None]:

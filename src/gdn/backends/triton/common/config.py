@@ -22,12 +22,17 @@ OVERRIDES: dict[str, int] = {}
 
 # Splitting a sequence costs a pass over each segment for its summary (the state it leaves from zero
 # and the K x K map of the state entering it: twice the work of the plain pass) and a combine along
-# the segments, so segments are long enough to amortise the extra launch and short enough to give the
-# device a few programs per SM (at K = 128 and a 32-wide slice on sm_90, four forward programs of 4
-# warps fill an SM's registers, 126 a thread; the backward's 210 fit two). Reasoned, not tuned:
-# benchmarks sweep both through OVERRIDES.
+# the segments: three times the plain pass's work, which pays only where idle SMs can take it. At K =
+# 128 with 32-wide slices on sm_90 the forward pass takes 139 registers a thread (three programs of 4
+# warps fit an SM), the backward 212 (two): if a program's speed is its latency chain, three programs
+# per SM break even on the forward and two lose on the backward, but if co-resident programs overlap
+# better than that, the split wins. Off by default until the H200 measures it (bench/chunk.py --sweep
+# sets segment_programs); split_backward = 0 splits the forward passes only.
 SEGMENT_CHUNKS = 8
-SEGMENT_PROGRAMS = 4
+SEGMENT_PROGRAMS = 0
+# The combine holds a segment's K x K map (fp32) for its product: at K = 256 that asked for 576 KiB of
+# shared memory (ptxas for sm_90, 3 stages; 256 KiB even at 1) where an H200 SM has 227 KiB.
+MAX_SPLIT_KP = 128
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,10 @@ class Tiles:
     wy_bwd_warps: int
     num_stages: int
     state_stages: int  # software pipelining of the state passes' loop over chunks
+    state_bwd_stages: int  # the same in the backward pass, which buffers more per stage
     segment_chunks: int  # shortest segment (in chunks) where the state passes split a sequence
     segment_programs: int  # programs per SM that splitting aims at; 0 never splits
+    split_backward: int  # whether the backward's state pass splits too (where the forward's does)
 
 
 def _padded(n: int) -> int:
@@ -80,8 +87,10 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         wy_bwd_bk=KP,
         num_stages=1,
         state_stages=1,
+        state_bwd_stages=1,
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
+        split_backward=1,
         **warps,
     )
 
@@ -98,6 +107,10 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # tests passed with; 4 was not timed for fp32.
     sixteen_bit = element_size <= 2
     stages = 3 if sixteen_bit else 2
+    # The state backward holds all of K: at K = 256 its pipeline buffers asked for 316 KiB (bf16, 3
+    # stages) and 361 KiB (fp32, 2) of shared memory (ptxas for sm_90), over the 227 KiB of an H200 SM,
+    # so no launch could run; one stage fewer fits (209 / 147 KiB).
+    bwd_stages = stages if KP <= 128 else stages - 1
     return Tiles(
         BK=min(64, KP),
         BV=min(64, VP),
@@ -118,8 +131,10 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         wy_bwd_warps=4 if sixteen_bit else wide,
         num_stages=stages,
         state_stages=stages,
+        state_bwd_stages=bwd_stages,
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
+        split_backward=1,
     )
 
 
@@ -141,7 +156,11 @@ def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:
 def could_split(tiles: Tiles, heads: int, V: int, device) -> bool:
     """Whether one sequence of these heads would have its state passes split (`segment_length` of a
     long enough sequence is not 0): the kernel classes whose first call compiles the split's kernels."""
-    return tiles.segment_programs > 0 and heads * cdiv(V, tiles.state_bv_short) < processors(device)
+    return (
+        tiles.segment_programs > 0
+        and tiles.KP <= MAX_SPLIT_KP
+        and heads * cdiv(V, tiles.state_bv_short) < processors(device)
+    )
 
 
 def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, device) -> int:
@@ -150,7 +169,7 @@ def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, d
     than one segment. A function of the batch, the heads and the longest sequence's chunk count; the
     kernels take segment lengths as runtime arguments, so no length compiles a binary of its own."""
     programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
-    if tiles.segment_programs == 0 or programs >= processors(device):
+    if tiles.segment_programs == 0 or tiles.KP > MAX_SPLIT_KP or programs >= processors(device):
         return 0
     wanted = cdiv(tiles.segment_programs * processors(device), programs)
     length = max(tiles.segment_chunks, cdiv(longest, wanted))

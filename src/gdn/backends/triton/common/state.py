@@ -9,8 +9,9 @@ Backward, dS the gradient w.r.t. the state leaving chunk c (stored as dh[c]):
 which after the first chunk is the initial state's gradient.
 
 Both steps are affine in the state: S <- M_c S + b_c with M_c = exp(G_last) I - (k exp(G_last - G))^T w
-(K x K), and dS <- M_c^T dS + b'_c. A sequence is one segment, or, when one program per sequence, head
-and V slice leaves the device idle, several (`Segments`): then each segment's summary is computed in
+(K x K), and dS <- M_c^T dS + b'_c. A sequence is one segment, or, where splitting is on
+(`config.segment_length`) and one program per sequence, head and V slice leaves the device idle,
+several (`Segments`): then each segment's summary is computed in
 parallel (the state it leaves when entered with zero, and the K x K product of its M_c, by running the
 same step on identity columns with no input), a combine walks the few segments in order to get the
 state entering each, and the plain pass runs over the segments in parallel from those states. The
@@ -19,13 +20,15 @@ backward does the same from the right.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import triton
 import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, state_slice
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, state_slice
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as, masked_exp, mma
 from gdn.backends.triton.compile_ahead import launch
 
@@ -47,24 +50,24 @@ def locate_segment(i_s, T, NSEG, SEG, bounds, chunk_offsets, BT: tl.constexpr, I
 
 
 @triton.jit
-def _gates(i_t, gc, T_n, HV: tl.constexpr, BT: tl.constexpr):
-    """Chunk i_t's rows, their mask, the cumulative gate on them and at the chunk's last row."""
-    rows = i_t * BT + tl.arange(0, BT)
-    mt = rows < T_n
-    G = tl.load(gc + rows * HV, mask=mt, other=0.0)
-    G_last = tl.load(gc + (tl.minimum(i_t * BT + BT, T_n) - 1) * HV)
-    return rows, mt, G, G_last
+def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
+    """A chunk of n rows (gc at its first): its rows, their mask, the cumulative gate on them and at
+    its last row."""
+    o_t = tl.arange(0, BT)
+    mt = o_t < n
+    G = tl.load(gc + o_t * HV, mask=mt, other=0.0)
+    G_last = tl.load(gc + (tl.minimum(BT, n) - 1) * HV)
+    return o_t, mt, G, G_last
 
 
 @triton.jit
 def _fwd_update(
     S,
-    i_t,
     k,
     w,
     u,
     gc,
-    T_n,
+    n,
     o_v,
     m_u,
     H: tl.constexpr,
@@ -75,10 +78,11 @@ def _fwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """-> (v_new = u - w S over chunk i_t, the state leaving it); u's columns o_v read where m_u."""
+    """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it);
+    u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = _gates(i_t, gc, T_n, HV, BT)
+    rows, mt, G, G_last = _gates(gc, n, HV, BT)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
     u_t = tl.load(u + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_u[None, :], other=0.0)
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
@@ -90,13 +94,12 @@ def _fwd_update(
 @triton.jit
 def _fwd_step(
     S,
-    i_t,
     k,
     w,
     u,
     gc,
     h,
-    T_n,
+    n,
     o_v,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -106,17 +109,17 @@ def _fwd_step(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """One chunk; the pointers are offset to the segment's first token and chunk, and the head."""
+    """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
+    leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
+    overflows a 32-bit offset)."""
     o_k = tl.arange(0, KP)
     mv = o_v < V
-    tl.store(
-        h + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=(o_k < K)[:, None] & mv[None, :]
-    )
-    v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
-    rows = i_t * BT + tl.arange(0, BT)
+    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=(o_k < K)[:, None] & mv[None, :])
+    v_new, S = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
+    rows = tl.arange(0, BT)
     p_u = u + rows[:, None] * HV * V + o_v[None, :]
-    tl.store(p_u, cast_as(v_new, u), mask=(rows < T_n)[:, None] & mv[None, :])
-    return S
+    tl.store(p_u, cast_as(v_new, u), mask=(rows < n)[:, None] & mv[None, :])
+    return S, k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV, h + HV * K * V
 
 
 @triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
@@ -169,11 +172,11 @@ def _state_fwd_kernel(
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S = _fwd_step(S, i_t, k, w, u, gc, h, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S = _fwd_step(S, i_t, k, w, u, gc, h, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -234,11 +237,13 @@ def _state_fwd_summary_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i_t = 0
         while i_t < NT:
-            _v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_s, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
-            _v_new, S = _fwd_update(S, i_t, k, w, u, gc, T_s, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
     tl.store(p, S, mask=(o_k < K)[:, None] & m_c[None, :])
@@ -327,9 +332,17 @@ def _state_combine_kernel(
 
 
 @triton.jit
+def _at_last_chunk(
+    NT, q, k, w, gc, do, dv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr
+):
+    """The backward's pointers moved from a segment's first row to its last chunk's (in 64 bits)."""
+    rows = ((NT - 1) * BT).to(tl.int64)
+    return q + rows * H * K, k + rows * H * K, w + rows * HV * K, gc + rows * HV, do + rows * HV * V, dv + rows * HV * V
+
+
+@triton.jit
 def _bwd_update(
     dS,
-    i_t,
     q,
     k,
     w,
@@ -337,7 +350,7 @@ def _bwd_update(
     do,
     dv,
     scale,
-    T_n,
+    n,
     o_v,
     m_in,
     H: tl.constexpr,
@@ -348,11 +361,11 @@ def _bwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """-> (dv over chunk i_t, the gradient w.r.t. the state entering it); do and the local dv (columns
-    o_v) read where m_in."""
+    """A chunk of n rows, the pointers at its first -> (dv on it, the gradient w.r.t. the state entering
+    it); do and the local dv (columns o_v) read where m_in."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = _gates(i_t, gc, T_n, HV, BT)
+    rows, mt, G, G_last = _gates(gc, n, HV, BT)
     m_tv = mt[:, None] & m_in[None, :]
     m_kt = mk[:, None] & mt[None, :]
     kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -368,7 +381,6 @@ def _bwd_update(
 @triton.jit
 def _bwd_step(
     dS,
-    i_t,
     q,
     k,
     w,
@@ -377,7 +389,7 @@ def _bwd_step(
     dv,
     dh,
     scale,
-    T_n,
+    n,
     o_v,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -387,16 +399,25 @@ def _bwd_step(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """One chunk, in reverse order; pointers offset as in _fwd_step."""
+    """One chunk, in reverse order, pointers as in _fwd_step -> the gradient w.r.t. the state entering
+    it and the pointers moved to the chunk before."""
     o_k = tl.arange(0, KP)
     mv = o_v < V
-    tl.store(
-        dh + i_t * HV * K * V + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=(o_k < K)[:, None] & mv[None, :]
+    tl.store(dh + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=(o_k < K)[:, None] & mv[None, :])
+    dv_t, dS = _bwd_update(dS, q, k, w, gc, do, dv, scale, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
+    rows = tl.arange(0, BT)
+    tl.store(dv + rows[:, None] * HV * V + o_v[None, :], cast_as(dv_t, dv), mask=(rows < n)[:, None] & mv[None, :])
+    back = -BT
+    return (
+        dS,
+        q + back * H * K,
+        k + back * H * K,
+        w + back * HV * K,
+        gc + back * HV,
+        do + back * HV * V,
+        dv + back * HV * V,
+        dh - HV * K * V,
     )
-    dv_t, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
-    rows = i_t * BT + tl.arange(0, BT)
-    tl.store(dv + rows[:, None] * HV * V + o_v[None, :], cast_as(dv_t, dv), mask=(rows < T_n)[:, None] & mv[None, :])
-    return dS
 
 
 @triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
@@ -452,14 +473,20 @@ def _state_bwd_kernel(
     if HAS_START != 0:
         dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     NT = tl.cdiv(T_s, BT)
+    q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
+    dh += (NT - 1).to(tl.int64) * HV * K * V
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1
         while i_t >= 0:
-            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            dS, q, k, w, gc, do, dv, dh = _bwd_step(
+                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT
+            )
             i_t -= 1
     else:
         for i_t in range(NT - 1, -1, -1):
-            dS = _bwd_step(dS, i_t, q, k, w, gc, do, dv, dh, scale, T_s, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            dS, q, k, w, gc, do, dv, dh = _bwd_step(
+                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT
+            )
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
@@ -505,14 +532,24 @@ def _state_bwd_summary_kernel(
     dv += (bos * HV + i_hv) * V
 
     NT = tl.cdiv(T_s, BT)
+    q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
+    back = -BT
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1
         while i_t >= 0:
-            _dv, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_s, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT)
+            _dv, dS = _bwd_update(
+                dS, q, k, w, gc, do, dv, scale, T_s - i_t * BT, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT
+            )
+            q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
+            do, dv = do + back * HV * V, dv + back * HV * V
             i_t -= 1
     else:
         for i_t in range(NT - 1, -1, -1):
-            _dv, dS = _bwd_update(dS, i_t, q, k, w, gc, do, dv, scale, T_s, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT)
+            _dv, dS = _bwd_update(
+                dS, q, k, w, gc, do, dv, scale, T_s - i_t * BT, o_c, m_in, H, HV, K, V, BT, KP, FP32_DOT
+            )
+            q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
+            do, dv = do + back * HV * V, dv + back * HV * V
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
     tl.store(p, dS, mask=(o_k < K)[:, None] & m_c[None, :])
@@ -548,7 +585,7 @@ def _state_pass(
     segments = plan.segments()
     layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
     shapes = dict(H=like.shape[2], HV=HV, K=K, V=V, BT=CHUNK, KP=tiles.KP, IS_VARLEN=int(plan.is_varlen))
-    warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_stages)
+    warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_bwd_stages if reverse else tiles.state_stages)
     if plan.split is None:
         bv = state_slice(tiles, N * HV, V, like.device)
     else:
@@ -575,7 +612,7 @@ def _state_pass(
             REVERSE=int(reverse),
             IS_VARLEN=int(plan.is_varlen),
             DOT=exact_dot,
-            num_warps=tiles.combine_warps,
+            num_warps=narrow_slice_warps(tiles.combine_warps, bv),
         )
         start, end = seeds, None
     launch(kernel, (segments.count * HV, cdiv(V, bv)))(
@@ -666,7 +703,7 @@ def state_backward(
             dh0,
             True,
             k,
-            plan,
+            plan if tiles.split_backward else replace(plan, split=None),
             tiles,
             fp32_dot,
             exact_dot,
