@@ -29,24 +29,8 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, masked_exp, mma
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma
 from gdn.backends.triton.compile_ahead import launch
-
-
-@triton.jit
-def locate_segment(i_s, T, NSEG, SEG, bounds, chunk_offsets, BT: tl.constexpr, IS_VARLEN):
-    """Segment i_s -> (its first token, its length, its first chunk's row). Dense batches: NSEG
-    segments of SEG tokens per sequence of T tokens, the last shorter; packed: read from the tables."""
-    if IS_VARLEN != 0:
-        bos = tl.load(bounds + i_s).to(tl.int32)
-        T_s = tl.load(bounds + i_s + 1).to(tl.int32) - bos
-        boc = tl.load(chunk_offsets + i_s).to(tl.int32)
-    else:
-        j = i_s % NSEG
-        bos = (i_s // NSEG) * T + j * SEG
-        T_s = tl.minimum(SEG, T - j * SEG)
-        boc = (i_s // NSEG) * tl.cdiv(T, BT) + j * (SEG // BT)
-    return bos, T_s, boc
 
 
 @triton.jit

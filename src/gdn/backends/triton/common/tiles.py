@@ -1,9 +1,10 @@
 """In-kernel helpers shared by the chunk stages: the matmul every stage uses, where a program's chunk
-or sequence lies in the packed token axis, and a masked exp.
+or a state pass's segment lies in the packed token axis, and a masked exp.
 
 Addressing is plain pointer arithmetic (no block pointers: Triton 3.9 removed them). Sequence bounds
 are read from cu_seqlens (varlen) or derived from the runtime T (dense), so no argument of any kernel
-changes with the sequence length except T itself, which every kernel marks do_not_specialize."""
+changes with the sequence length except T itself and the state passes' segment sizes, which every
+kernel marks do_not_specialize."""
 
 from __future__ import annotations
 
@@ -71,14 +72,16 @@ def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN)
 
 
 @triton.jit
-def locate_sequence(i_n, T, cu_seqlens, chunk_offsets, BT: tl.constexpr, IS_VARLEN):
-    """Sequence i_n -> (its first token, its length, the index of its first chunk)."""
+def locate_segment(i_s, T, NSEG, SEG, bounds, chunk_offsets, BT: tl.constexpr, IS_VARLEN):
+    """Segment i_s -> (its first token, its length, its first chunk's row). Dense batches: NSEG
+    segments of SEG tokens per sequence of T tokens, the last shorter; packed: read from the tables."""
     if IS_VARLEN != 0:
-        bos = tl.load(cu_seqlens + i_n).to(tl.int32)
-        T_n = tl.load(cu_seqlens + i_n + 1).to(tl.int32) - bos
-        boc = tl.load(chunk_offsets + i_n).to(tl.int32)
+        bos = tl.load(bounds + i_s).to(tl.int32)
+        T_s = tl.load(bounds + i_s + 1).to(tl.int32) - bos
+        boc = tl.load(chunk_offsets + i_s).to(tl.int32)
     else:
-        bos = i_n * T
-        T_n = T
-        boc = i_n * tl.cdiv(T, BT)
-    return bos, T_n, boc
+        j = i_s % NSEG
+        bos = (i_s // NSEG) * T + j * SEG
+        T_s = tl.minimum(SEG, T - j * SEG)
+        boc = (i_s // NSEG) * tl.cdiv(T, BT) + j * (SEG // BT)
+    return bos, T_s, boc
