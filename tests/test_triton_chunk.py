@@ -196,6 +196,31 @@ def test_split_forward_with_a_whole_backward(gen, monkeypatch):
     check_against_recurrence(gen, inputs, TOL[torch.float32], l2norm=True)
 
 
+@pytest.mark.single_op
+def test_split_backward_reads_the_forward_maps_transposed(gen, monkeypatch):
+    """The split backward takes each segment's map from the forward's summaries, transposed: the same dh,
+    dv and initial-state gradient as when its summary kernel computes the maps itself."""
+    split_every(monkeypatch, 1)
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, 1, 2, 32, 48, N=3))
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
+    )
+    plan = triton_chunk._plan(call)
+    assert plan.split is not None
+    tiles, dot = config.tiles_for(32, 48, 4), triton_chunk._fp32_dot(torch.float32)
+    gc, Ai = wy.wy_prepare(k, g, beta, 2, plan, tiles, dot)
+    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    _, _, _, maps = state.state_forward(k, w, u, gc, h0, False, plan, tiles, dot, dot)
+    do, dht = torch.randn_like(v), torch.randn_like(h0)
+    dv = output.dv_local(q, k, gc, do, 0.3, plan, tiles, dot)
+    own, reused = (
+        state.state_backward(q, k, w, gc, do, dv.clone(), dht, True, 0.3, plan, tiles, dot, dot, m)
+        for m in (None, maps)
+    )
+    for name, a, b in zip(("dh", "dv", "dh0"), own, reused, strict=True):
+        assert rel_err(b, a) < 1e-5, (name, rel_err(b, a))
+
+
 @pytest.mark.shape_grid
 def test_split_state_passes_in_half_precision(gen, monkeypatch):
     split_every(monkeypatch, 1)

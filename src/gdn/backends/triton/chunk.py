@@ -85,7 +85,7 @@ def _forward(
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, final_state = state_forward(
+    h, v_new, final_state, _ = state_forward(
         k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
     )
     del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
@@ -107,10 +107,10 @@ def _backward(
 
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
     exact_dot = _fp32_dot(torch.float32)
-    h, v_new, _ = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
+    h, v_new, _, maps = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot)
-    del w, u  # as in the forward: freed before qk_grads allocates its outputs
+    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
+    del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
     dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
     del h, dh, v_new
     dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)

@@ -21,12 +21,12 @@ SUB_CHUNK = 16
 OVERRIDES: dict[str, int] = {}
 
 # Splitting a sequence costs a pass over each segment for its summary (the state it leaves from zero
-# and the K x K map of the state entering it: twice the work of the plain pass) and a combine along
-# the segments: three times the plain pass's work, which pays only where idle SMs can take it. At K =
-# 128 with 32-wide slices on sm_90 the forward pass takes 139 registers a thread (three programs of 4
-# warps fit an SM), the backward 212 (two): if a program's speed is its latency chain, three programs
-# per SM break even on the forward and two lose on the backward, but if co-resident programs overlap
-# better than that, the split wins. Off by default until the H200 measures it (bench/chunk.py --sweep
+# and the K x K map of the state entering it: twice the work of the plain pass; the backward takes its
+# maps from the forward's) and a combine along the segments: three (backward: two) times the plain
+# pass's work, which pays only where idle SMs can take it. At K = 128 with 32-wide slices on sm_90 the
+# forward pass takes 139 registers a thread (three programs of 4 warps fit an SM), the backward 212
+# (two): if a program's speed is its latency chain, that about breaks even, but if co-resident
+# programs overlap better than that, the split wins. Off by default until the H200 measures it (bench/chunk.py --sweep
 # sets segment_programs); split_backward = 0 splits the forward passes only.
 SEGMENT_CHUNKS = 8
 SEGMENT_PROGRAMS = 0

@@ -15,7 +15,8 @@ several (`Segments`): then each segment's summary is computed in
 parallel (the state it leaves when entered with zero, and the K x K product of its M_c, by running the
 same step on identity columns with no input), a combine walks the few segments in order to get the
 state entering each, and the plain pass runs over the segments in parallel from those states. The
-backward does the same from the right.
+backward does the same from the right; a segment's backward map is its forward map transposed, so it
+reads them from the forward's summaries (the backward recomputes the forward pass anyway).
 """
 
 from __future__ import annotations
@@ -237,6 +238,9 @@ def _state_fwd_summary_kernel(
 def _combine_step(
     S,
     summary,
+    maps,
+    P_ROWS,
+    P_COLS,
     seeds,
     s0,
     s1,
@@ -250,16 +254,19 @@ def _combine_step(
     KP: tl.constexpr,
     DOT: tl.constexpr,
 ):
-    """The walk's i-th segment: its seed is S, and P S + B of its summary what it passes on."""
+    """The walk's i-th segment: its seed is S, and P S + B what it passes on, B from its summary, P from
+    `maps` (the same summaries, or the forward's read transposed: P_ROWS and P_COLS are its strides)."""
     i_s = s0 + i + REVERSE * (s1 - 1 - 2 * i - s0)
     o_k = tl.arange(0, KP)
     mk = o_k < K
     mv = o_v < V
     at = (i_s * HV + i_hv).to(tl.int64) * K
     tl.store(seeds + at * V + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
-    row = summary + at * (V + K) + o_k[:, None] * (V + K)
-    P = tl.load(row + V + o_k[None, :], mask=mk[:, None] & mk[None, :], other=0.0)
-    B = tl.load(row + o_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0)
+    p_P = maps + at * (V + K) + V + o_k[:, None] * P_ROWS + o_k[None, :] * P_COLS
+    P = tl.load(p_P, mask=mk[:, None] & mk[None, :], other=0.0)
+    B = tl.load(
+        summary + at * (V + K) + o_k[:, None] * (V + K) + o_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0
+    )
     return tl.dot(P, S, input_precision=DOT) + B
 
 
@@ -271,9 +278,12 @@ def _sequence_segments(i_n, first, NSEG, IS_VARLEN):
     return i_n * NSEG, i_n * NSEG + NSEG
 
 
-@triton.jit(do_not_specialize=["NSEG", "IS_VARLEN", "HAS_START", "STORE_END", "REVERSE"])
+@triton.jit(do_not_specialize=["NSEG", "IS_VARLEN", "HAS_START", "STORE_END", "REVERSE", "P_ROWS", "P_COLS"])
 def _state_combine_kernel(
     summary,
+    maps,
+    P_ROWS,
+    P_COLS,
     start,
     seeds,
     end,
@@ -306,11 +316,11 @@ def _state_combine_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i = 0
         while i < s1 - s0:
-            S = _combine_step(S, summary, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
             i += 1
     else:
         for i in range(0, s1 - s0):
-            S = _combine_step(S, summary, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
     if STORE_END != 0:
         tl.store(end + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -559,28 +569,36 @@ def _state_pass(
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
-) -> None:
+    maps: torch.Tensor | None = None,
+) -> torch.Tensor | None:
     """One state pass (forward, or backward with `reverse`) over the plan's segments: `kernel(*reads,
     writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
     sequences first get their segments' summaries and seeds (`summary_kernel(*reads, summary,
-    <segments>, *scalars)`, then the combine)."""
+    <segments>, *scalars)`, then the combine) -> the summaries, whose maps the backward reuses: its
+    map of a segment is the forward's transposed, so with `maps` (the forward's summaries) its summary
+    kernel computes only the V columns."""
     HV, K, V = writes.shape[1:]
     N = plan.num_sequences
     segments = plan.segments()
     layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
     shapes = dict(H=like.shape[2], HV=HV, K=K, V=V, BT=CHUNK, KP=tiles.KP, IS_VARLEN=int(plan.is_varlen))
     warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_bwd_stages if reverse else tiles.state_stages)
+    summary = None
     if plan.split is None:
         bv = state_slice(tiles, N * HV, V, like.device)
     else:
         bv = tiles.state_bv_short
         summary = torch.empty(segments.count, HV, K, V + K, dtype=torch.float32, device=like.device)
-        launch(summary_kernel, (segments.count * HV, cdiv(V, bv) + cdiv(K, bv)))(
+        columns = cdiv(V, bv) + (0 if maps is not None else cdiv(K, bv))
+        launch(summary_kernel, (segments.count * HV, columns))(
             *reads, summary, *layout, *scalars, **shapes, BV=bv, FP32_DOT=fp32_dot, **warps
         )
         seeds = torch.empty(segments.count, HV, K, V, dtype=torch.float32, device=like.device)
         launch(_state_combine_kernel, (N * HV, cdiv(V, bv)))(
             summary,
+            summary if maps is None else maps,
+            V + K if maps is None else 1,
+            1 if maps is None else V + K,
             _absent(like) if start is None else start,
             seeds,
             _absent(like) if end is None else end,
@@ -613,6 +631,7 @@ def _state_pass(
         FP32_DOT=fp32_dot,
         **warps,
     )
+    return summary
 
 
 def state_forward(
@@ -626,8 +645,9 @@ def state_forward(
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> (h [chunks, HV, K, V] entering states in k's dtype, v_new (written over u), final state fp32).
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """-> (h [chunks, HV, K, V] entering states in k's dtype, v_new (written over u), final state fp32,
+    the split segments' summaries or None: state_backward's `maps`).
 
     exact_dot: the fp32 precision of the products that combine split sequences' segments."""
     HV, V = u.shape[2], u.shape[3]
@@ -635,7 +655,7 @@ def state_forward(
     h = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
     ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     with device_guard(k):
-        _state_pass(
+        maps = _state_pass(
             _state_fwd_kernel,
             _state_fwd_summary_kernel,
             (k, w, u, gc),
@@ -650,7 +670,7 @@ def state_forward(
             fp32_dot,
             exact_dot,
         )
-    return h, u, ht
+    return h, u, ht, maps
 
 
 def state_backward(
@@ -667,8 +687,12 @@ def state_backward(
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
+    maps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """-> (dh [chunks, HV, K, V] fp32, dv (written over dv_local), dh0 fp32 or None).
+
+    maps: state_forward's segment summaries over the same plan; where the backward splits too, it reads
+    its maps from them (transposed) instead of computing them.
 
     dh stays fp32: it carries the final state's gradient, and its bf16 rounding was the largest error
     in the gate gradient (tokens near the end of a sequence)."""
@@ -691,5 +715,6 @@ def state_backward(
             tiles,
             fp32_dot,
             exact_dot,
+            maps,
         )
     return dh, dv_local, dh0
