@@ -11,6 +11,11 @@ from reference import gdn_recurrence, rel_err
 OPS = [gdn.chunk_gated_delta_rule, gdn.fused_recurrent_gated_delta_rule]
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+# dg and dbeta sum products over a head dimension, which cancel: a tensor of few entries (one token, two
+# heads) can come out with a large relative error. Measured over 1,440 random fp32 cases of the shape
+# grid: at most 2.3e-6, yet one seed (GDN_TEST_SEED=1085449958, T = 1) gave dbeta 1.2e-5. They are held
+# to 1e-4 where the rest is held to 1e-5; a wrong term is off by O(1).
+REDUCED_GRAD_FLOOR = {"dg": 1e-4, "dbeta": 1e-4}
 
 
 def make_inputs(gen, B, T, H, HV, K, V, N=None, dtype=torch.float32, with_state=True):
@@ -59,8 +64,9 @@ def assert_matches_reference(fn, inputs, gen, tol, cu_seqlens=None, scale=None, 
     assert o.dtype == v.dtype and final.dtype == torch.float32
     errors = {"o": rel_err(o, ro), "final_state": rel_err(final, rfinal)}
     errors.update({f"d{name}": rel_err(grads[name], rgrads[name]) for name in rgrads})
-    bad = {name: err for name, err in errors.items() if not err <= tol}
-    assert not bad, f"rel err over {tol}: {bad}"
+    limits = {name: max(tol, REDUCED_GRAD_FLOOR.get(name, 0.0)) for name in errors}
+    bad = {name: f"{err:.2e} > {limits[name]}" for name, err in errors.items() if not err <= limits[name]}
+    assert not bad, f"rel err over the tolerance: {bad}"
 
 
 @pytest.mark.single_op
