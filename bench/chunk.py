@@ -18,15 +18,20 @@ Rows: (B, T) = (1, 8192), (4, 4096), (1, 32768), and a packed row of 64 sequence
 (64-960 tokens drawn, scaled to 32,768 in all) as GRPO rollouts pack. Where FlashQLA is installed, fla
 hands it the chunk op; `fla-triton` is fla with FLA_FLASH_QLA=0, its own Triton path.
 
-Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep] [--profile]
+Usage: PYTHONPATH=src:. python -m bench.chunk [--quick] [--sweep [KNOB ...]] [--profile] [--rows I ...]
+[--impls NAME ...] [--shape B T H HV D ...]. `--sweep KNOB ...` runs only the settings whose knobs are
+all among those named; with --profile each sweep setting's kernels are profiled too (`kernel_ms` and the
+per-kernel times), so that a setting's gain or loss is placed in the kernel it changed. `--shape` adds a
+dense row of its own (the heads of one tensor-parallel rank, say) and leaves the standard rows out
+unless --rows names them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import os
-import sys
 from collections.abc import Iterator
 
 import torch
@@ -48,24 +53,39 @@ SWEEP = [
     {"prepare_warps": 2},
     {"prepare_warps": 4},
     {"wy_bwd_warps": 8},
-    {"wy_bwd_bk": 32},
-    {"wy_bwd_bk": 32, "wy_bwd_warps": 8},
     {"BK": 32},
     {"dqkwg_warps": 4},
     {"state_warps": 8},
     {"state_bv": 32},
+    # wider state slices read w and k for more columns (the passes move w and k once per V slice)
+    {"state_bv": 128, "state_warps": 8},
+    {"state_bv_short": 64},
+    {"state_bv_short": 128, "state_warps": 8},
+    {"BV": 32},
+    {"BV": 128},
+    {"BK": 32, "dqkwg_warps": 4},
     {"output_bv": 64},
-    # the split state passes (off by default; one sequence of 32 heads leaves SMs idle): aiming at 2, 3,
-    # 4 programs per SM, shorter and longer segments, the forward alone; and the other way to more
-    # programs, narrower V slices (the same work, w and k read by more programs)
-    {"segment_programs": 2},
+    # the state passes' slices and split (config.state_slice, config.could_split): the split off, at 3
+    # and 4 programs per SM, shorter and longer segments, the forward alone; 32-wide slices where the
+    # rule takes 16; the combine's map products in other column slices
+    {"segment_programs": 0},
     {"segment_programs": 3},
     {"segment_programs": 4},
-    {"segment_programs": 3, "segment_chunks": 4},
-    {"segment_programs": 3, "segment_chunks": 16},
-    {"segment_programs": 3, "split_backward": 0},
-    {"state_bv_short": 16},
-    {"state_bv_short": 16, "segment_programs": 3},
+    {"segment_chunks": 4},
+    {"segment_chunks": 16},
+    {"split_backward": 0},
+    {"state_bv_narrow": 32},
+    {"combine_bc": 16},
+    {"combine_bc": 64},
+    # ncu on the H200: the state passes run one program per SM, held there by the shared memory of their
+    # pipeline (119 KiB forward, 169 KiB backward at 3 stages), at one warp per scheduler issuing every
+    # 4-5 cycles: latency-bound, DRAM at 40%. Fewer stages let two programs share an SM, which only
+    # more programs (narrower slices or segments) can use; measured, none of these won. Settings that
+    # put the state backward at 1 stage with a split, or the WY backward at 32-wide K slices, are left
+    # out: on Triton 3.6 their dots read shared memory out of bounds (compute-sanitizer), an illegal
+    # memory access that ends the process's CUDA context.
+    {"state_stages": 2, "state_bwd_stages": 2},
+    {"state_stages": 1, "state_bwd_stages": 1},
 ]
 PROFILED_REPS = 5
 
@@ -196,22 +216,33 @@ def agreement(fn, ref, inputs, do) -> dict[str, float]:
     return {name: float(f"{((impl[name] - want).norm() / want.norm()).item():.2e}") for name, want in eager.items()}
 
 
-def sweep_rows(inputs, do, shape: str) -> list[dict]:
-    """forward+backward of the triton backend under each knob setting, next to its defaults."""
+def sweep_rows(inputs, do, shape: str, settings: list[dict], profiled: bool, cu_seqlens=None) -> list[dict]:
+    """forward+backward of the triton backend under each knob setting, next to its defaults; with
+    `profiled`, each setting's summed kernel time and its kernels."""
     from gdn.backends.triton.common import config
 
-    rows = []
-    for knobs in [{}, *SWEEP]:
+    fn = functools.partial(gdn_impl("triton"), cu_seqlens=cu_seqlens)
+    rows, lost = [], None
+    for knobs in [{}, *settings]:
+        row = {"shape": shape, "knobs": knobs or "defaults"}
+        if lost:  # a fault left the CUDA context unusable: every later launch would fail with it
+            rows.append(row | {"error": f"not run: the CUDA context was lost under {lost}"})
+            continue
         config.OVERRIDES.clear()
         config.OVERRIDES.update(knobs)
         try:
-            ms = median_ms(fwd_bwd_of(gdn_impl("triton"), inputs, do), grad_to_none=inputs)
+            row["fwd_bwd_ms"] = round(median_ms(fwd_bwd_of(fn, inputs, do), grad_to_none=inputs), 3)
+            if profiled:
+                kernels = kernel_times(fn, inputs, do, shape, "triton")
+                row["kernel_ms"] = round(sum(r["ms"] for r in kernels), 3)
+                row["kernels"] = {r["kernel"]: r["ms"] for r in kernels}
         except Exception as exc:  # a setting the compiler or the GPU refuses is a result too
-            rows.append({"shape": shape, "knobs": knobs or "defaults", "error": f"{type(exc).__name__}: {exc}"[:200]})
-            continue
+            row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            if isinstance(exc, torch.AcceleratorError):
+                lost = knobs
         finally:
             config.OVERRIDES.clear()
-        rows.append({"shape": shape, "knobs": knobs or "defaults", "fwd_bwd_ms": round(ms, 3)})
+        rows.append(row)
     return rows
 
 
@@ -246,18 +277,48 @@ def kernel_times(fn, inputs, do, shape: str, impl: str) -> list[dict]:
     return sorted(rows, key=lambda r: -r["ms"])
 
 
+IMPLS = ("triton", "fla", "flashqla", "fla-triton", "eager")
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="the first row only")
+    parser.add_argument("--rows", type=int, nargs="+", help="row indices: 0-2 dense as SHAPES, 3 packed")
+    parser.add_argument(
+        "--shape", type=int, nargs=5, action="append", metavar=("B", "T", "H", "HV", "D"), help="a dense row of its own"
+    )
+    parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="eager is always timed")
+    parser.add_argument("--sweep", nargs="*", metavar="KNOB", help="all of SWEEP, or the settings of these KNOBs only")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.sweep:
+        unknown = set(args.sweep) - {knob for setting in SWEEP for knob in setting}
+        if unknown:
+            parser.error(f"--sweep: no setting touches {sorted(unknown)}")
+    return args
+
+
 def main() -> None:
     from gdn.backends.fla import bypass_hopper_guard
 
-    quick = "--quick" in sys.argv
-    shapes = [(*shape, False) for shape in (SHAPES[:1] if quick else SHAPES)]
-    if not quick:
-        shapes.append((1, PACKED_TOKENS, 16, 32, 128, True))
-    impls = {"triton": gdn_impl("triton"), "fla": fla_impl(), "flashqla": flashqla_impl(), "eager": gdn_impl("eager")}
-    if impls["flashqla"] is not None and impls["fla"] is not None:
+    args = arguments()
+    shapes = [(*shape, False) for shape in SHAPES] + [(1, PACKED_TOKENS, 16, 32, 128, True)]
+    shapes = [shapes[i] for i in (args.rows or ([] if args.shape else [0] if args.quick else range(len(shapes))))]
+    shapes += [(*shape, False) for shape in args.shape or []]
+    wanted = set(args.impls) | {"eager"}  # every error is measured against eager
+    impls = {
+        "triton": gdn_impl("triton") if "triton" in wanted else None,
+        "fla": fla_impl() if "fla" in wanted else None,
+        "flashqla": flashqla_impl() if wanted & {"flashqla", "fla-triton"} else None,
+        "eager": gdn_impl("eager"),
+    }
+    if impls["flashqla"] is not None and "fla-triton" in wanted:
         # where FlashQLA is installed fla hands it the chunk op: its own Triton path is a peer of its own
         impls["fla-triton"] = fla_impl({"FLA_FLASH_QLA": "0"})
-    impls = {name: fn for name, fn in impls.items() if fn is not None}
+    impls = {name: fn for name, fn in impls.items() if fn is not None and name in wanted}
+    settings = None
+    if args.sweep is not None:
+        settings = [s for s in SWEEP if not args.sweep or set(s) <= set(args.sweep)]
     rows, sweep, kernels = [], [], []
     # the guard lives in fla: without fla there is nothing to lift
     with bypass_hopper_guard() if "fla" in impls else contextlib.nullcontext():
@@ -280,10 +341,13 @@ def main() -> None:
                         row["graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 rows.append(row)
                 print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
-            if "--sweep" in sys.argv:
-                sweep += sweep_rows(inputs, do, shape)
-                print_table(sweep[-len(SWEEP) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "error"])
-            if "--profile" in sys.argv:
+            if settings is not None:
+                sweep += sweep_rows(inputs, do, shape, settings, args.profile, cu)
+                print_table(sweep[-len(settings) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "kernel_ms", "error"])
+                if any("AcceleratorError" in r.get("error", "") for r in sweep[-len(settings) - 1 :]):
+                    print("the CUDA context was lost: the remaining rows are not run")
+                    break
+            if args.profile:
                 for name in ("triton", "fla", "flashqla"):
                     if name in bound:
                         kernels += kernel_times(bound[name], inputs, do, shape, name)

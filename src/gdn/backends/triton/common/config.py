@@ -21,17 +21,19 @@ SUB_CHUNK = 16
 OVERRIDES: dict[str, int] = {}
 
 # Splitting a sequence costs a pass over each segment for its summary (the state it leaves from zero
-# and the K x K map of the state entering it: twice the work of the plain pass; the backward takes its
-# maps from the forward's) and a combine along the segments: three (backward: two) times the plain
-# pass's work, which pays only where idle SMs can take it. At K = 128 with 32-wide slices on sm_90 the
-# forward pass takes 139 registers a thread (three programs of 4 warps fit an SM), the backward 212
-# (two): if a program's speed is its latency chain, that about breaks even, but if co-resident
-# programs overlap better than that, the split wins. Off by default until the H200 measures it (bench/chunk.py --sweep
-# sets segment_programs); split_backward = 0 splits the forward passes only.
+# and the K x K map of the state entering it; the backward takes its maps from the forward's) and a
+# combine along the segments: about twice the plain pass's work, which pays only where most SMs would
+# idle. Measured on the H200 (bench/chunk.py --sweep --shape, 2026-12-02; one sequence of 32,768 tokens,
+# bf16, K = V = 128; fwd+bwd summed kernel time): with 32 value heads (128 programs of 32-wide slices)
+# the split lost at 2, 3 and 4 programs per SM (2.10 -> 2.84-3.02 ms at 8,192 tokens) and 16-wide
+# slices lost too; with 16 heads 16-wide slices won (5.32 -> 4.78 ms) and the split lost (5.93); with 8
+# heads the split (3.36) and 16-wide slices (3.37) both won over 3.92; with 4 heads the split won
+# most (3.37 -> 2.00). Hence the slice and split rule in state_slice and segment_length below.
 SEGMENT_CHUNKS = 8
-SEGMENT_PROGRAMS = 0
-# The combine holds a segment's K x K map (fp32) for its product: at K = 256 that asked for 576 KiB of
-# shared memory (ptxas for sm_90, 3 stages; 256 KiB even at 1) where an H200 SM has 227 KiB.
+SEGMENT_PROGRAMS = 2
+# The split is compiled (sm_90) and timed only up to K = 128: when the combine held a whole K x K map,
+# K = 256 asked for 576 KiB of shared memory where an H200 SM has 227 KiB; its map products now go by
+# column slices, but nothing wider has been compiled or timed.
 MAX_SPLIT_KP = 128
 
 
@@ -42,12 +44,14 @@ class Tiles:
     KP: int  # K padded to a power of two: the state passes hold all of K
     state_bv: int  # V slice of one state-pass program (the pass runs sequence x value head x V slice)
     state_bv_short: int  # the V slice when state_bv would leave SMs without a program (see state_slice)
+    state_bv_narrow: int  # the V slice when even state_bv_short would leave most SMs idle
     output_bv: int
     wy_bwd_bk: int  # K slice of the WY backward
     prepare_warps: int
     wu_warps: int
     state_warps: int
-    combine_warps: int  # the split state passes' combine holds a K x K map of fp32
+    combine_warps: int
+    combine_bc: int  # column slice of the combine's K x K map products
     output_warps: int
     dv_warps: int
     dqkwg_warps: int
@@ -83,8 +87,10 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         KP=KP,
         state_bv=VP,
         state_bv_short=VP,
+        state_bv_narrow=VP,
         output_bv=VP,
         wy_bwd_bk=KP,
+        combine_bc=KP,
         num_stages=1,
         state_stages=1,
         state_bwd_stages=1,
@@ -119,8 +125,10 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         # columns, narrow ones give a short grid (one sequence: HV x V slices programs) more SMs.
         state_bv=min(64, VP),
         state_bv_short=min(32, VP),
+        state_bv_narrow=min(16, VP),
         output_bv=min(128, VP),
         wy_bwd_bk=min(64, KP),
+        combine_bc=min(32, KP),
         prepare_warps=1,
         wu_warps=4,
         state_warps=4,
@@ -146,31 +154,36 @@ def narrow_slice_warps(warps: int, *slices: int) -> int:
 
 
 def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:
-    """The V slice of the state passes: tiles.state_bv while the grid still covers every SM, else
-    tiles.state_bv_short. Depends on the batch, never on the sequence length."""
-    if sequences_x_heads * cdiv(V, tiles.state_bv) >= processors(device):
+    """The V slice of a whole (unsplit) state pass: tiles.state_bv while the grid still covers every SM,
+    tiles.state_bv_short while it covers three quarters of them or where the batch splits its long
+    sequences (the split's slice: a class shares its binaries between its split and whole calls),
+    else tiles.state_bv_narrow. Depends on the batch, never on the sequence length."""
+    sms = processors(device)
+    if sequences_x_heads * cdiv(V, tiles.state_bv) >= sms:
         return tiles.state_bv
-    return tiles.state_bv_short
+    short = sequences_x_heads * cdiv(V, tiles.state_bv_short)
+    if 4 * short >= 3 * sms or could_split(tiles, sequences_x_heads, V, device):
+        return tiles.state_bv_short
+    return tiles.state_bv_narrow
 
 
-def could_split(tiles: Tiles, heads: int, V: int, device) -> bool:
-    """Whether one sequence of these heads would have its state passes split (`segment_length` of a
-    long enough sequence is not 0): the kernel classes whose first call compiles the split's kernels."""
-    return (
-        tiles.segment_programs > 0
-        and tiles.KP <= MAX_SPLIT_KP
-        and heads * cdiv(V, tiles.state_bv_short) < processors(device)
-    )
+def could_split(tiles: Tiles, sequences_x_heads: int, V: int, device) -> bool:
+    """Whether the state passes split sequences of this batch and heads that are long enough (in
+    state_bv_short slices): where one program per sequence, head and slice would leave more than five
+    eighths of the SMs idle. For one sequence, the kernel classes whose first call compiles the split's
+    kernels."""
+    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
+    return tiles.segment_programs > 0 and tiles.KP <= MAX_SPLIT_KP and 8 * programs < 3 * processors(device)
 
 
 def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, device) -> int:
-    """Chunks per segment where the state passes split the sequences, or 0 where they do not: only when
-    one program per sequence, head and V slice leaves SMs without a program, and only sequences longer
-    than one segment. A function of the batch, the heads and the longest sequence's chunk count; the
-    kernels take segment lengths as runtime arguments, so no length compiles a binary of its own."""
-    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
-    if tiles.segment_programs == 0 or tiles.KP > MAX_SPLIT_KP or programs >= processors(device):
+    """Chunks per segment where the state passes split the sequences (aiming at tiles.segment_programs
+    programs per SM), or 0 where they do not, and for sequences within one segment. A function of the
+    batch, the heads and the longest sequence's chunk count; the kernels take segment lengths as runtime
+    arguments, so no length compiles a binary of its own."""
+    if not could_split(tiles, sequences_x_heads, V, device):
         return 0
+    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
     wanted = cdiv(tiles.segment_programs * processors(device), programs)
     length = max(tiles.segment_chunks, cdiv(longest, wanted))
     return length if longest > length else 0

@@ -252,22 +252,34 @@ def _combine_step(
     K: tl.constexpr,
     V: tl.constexpr,
     KP: tl.constexpr,
+    BC: tl.constexpr,
     DOT: tl.constexpr,
 ):
     """The walk's i-th segment: its seed is S, and P S + B what it passes on, B from its summary, P from
-    `maps` (the same summaries, or the forward's read transposed: P_ROWS and P_COLS are its strides)."""
+    `maps` (the same summaries, or the forward's read transposed: P_ROWS and P_COLS are its strides).
+
+    P S is summed over BC-wide column slices of P against the seed read back from `seeds`: a whole
+    K x K map of fp32 held in registers spilled, and its load could not overlap the product. The seed
+    was stored by other threads of the program, hence the barrier."""
     i_s = s0 + i + REVERSE * (s1 - 1 - 2 * i - s0)
     o_k = tl.arange(0, KP)
     mk = o_k < K
     mv = o_v < V
     at = (i_s * HV + i_hv).to(tl.int64) * K
-    tl.store(seeds + at * V + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
-    p_P = maps + at * (V + K) + V + o_k[:, None] * P_ROWS + o_k[None, :] * P_COLS
-    P = tl.load(p_P, mask=mk[:, None] & mk[None, :], other=0.0)
-    B = tl.load(
+    seed = seeds + at * V
+    tl.store(seed + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
+    tl.debug_barrier()
+    acc = tl.load(
         summary + at * (V + K) + o_k[:, None] * (V + K) + o_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0
     )
-    return tl.dot(P, S, input_precision=DOT) + B
+    p_P = maps + at * (V + K) + V + o_k[:, None] * P_ROWS
+    for c0 in range(0, KP, BC):
+        o_c = c0 + tl.arange(0, BC)
+        mc = o_c < K
+        P = tl.load(p_P + o_c[None, :] * P_COLS, mask=mk[:, None] & mc[None, :], other=0.0)
+        Sc = tl.load(seed + o_c[:, None] * V + o_v[None, :], mask=mc[:, None] & mv[None, :], other=0.0)
+        acc += tl.dot(P, Sc, input_precision=DOT)
+    return acc
 
 
 @triton.jit
@@ -294,6 +306,7 @@ def _state_combine_kernel(
     V: tl.constexpr,
     KP: tl.constexpr,
     BV: tl.constexpr,
+    BC: tl.constexpr,
     HAS_START,
     STORE_END,
     REVERSE,
@@ -316,11 +329,15 @@ def _state_combine_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i = 0
         while i < s1 - s0:
-            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+            S = _combine_step(
+                S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, BC, DOT
+            )
             i += 1
     else:
         for i in range(0, s1 - s0):
-            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+            S = _combine_step(
+                S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, BC, DOT
+            )
     if STORE_END != 0:
         tl.store(end + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -609,6 +626,7 @@ def _state_pass(
             V=V,
             KP=tiles.KP,
             BV=bv,
+            BC=tiles.combine_bc,
             HAS_START=int(start is not None),
             STORE_END=int(end is not None),
             REVERSE=int(reverse),
