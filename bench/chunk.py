@@ -78,7 +78,7 @@ SWEEP = [
     {"combine_bc": 16},
     {"combine_bc": 64},
     # ncu on the H200: the state passes run one program per SM, held there by the shared memory of their
-    # pipeline (119 KiB forward, 169 KiB backward at 3 stages), at one warp per scheduler issuing every
+    # pipeline (117 KiB forward, 165 KiB backward at 3 stages), at one warp per scheduler issuing every
     # 4-5 cycles: latency-bound, DRAM at 40%. Fewer stages let two programs share an SM, which only
     # more programs (narrower slices or segments) can use; measured, none of these won. Settings that
     # put the state backward at 1 stage with a split, or the WY backward at 32-wide K slices, are left
