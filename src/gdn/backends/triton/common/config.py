@@ -7,6 +7,7 @@ editing code (`config.OVERRIDES.update(state_bv=64)`); every field is a Tiles fi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 import triton
@@ -70,12 +71,17 @@ def _padded(n: int) -> int:
 
 def tiles_for(K: int, V: int, element_size: int) -> Tiles:
     """Tiles for head dims K, V and inputs of element_size bytes (2 for bf16/fp16, 4 for fp32)."""
-    KP, VP = _padded(K), _padded(V)
-    tiles = _interpreter_tiles(KP, VP) if is_interpreting() else _gpu_tiles(KP, VP, element_size)
     unknown = set(OVERRIDES) - {f.name for f in fields(Tiles)}
     if unknown:
         raise KeyError(f"config.OVERRIDES: unknown fields {sorted(unknown)}")
-    return replace(tiles, **OVERRIDES)
+    return _tiles(_padded(K), _padded(V), element_size, is_interpreting(), tuple(sorted(OVERRIDES.items())))
+
+
+@functools.cache
+def _tiles(KP: int, VP: int, element_size: int, interpreting: bool, overrides: tuple) -> Tiles:
+    # every call asks (a chunk call two or three times): kept, as it only follows its arguments
+    tiles = _interpreter_tiles(KP, VP) if interpreting else _gpu_tiles(KP, VP, element_size)
+    return replace(tiles, **dict(overrides))
 
 
 def _interpreter_tiles(KP: int, VP: int) -> Tiles:
