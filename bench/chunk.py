@@ -280,7 +280,7 @@ def kernel_times(fn, inputs, do, shape: str, impl: str) -> list[dict]:
 IMPLS = ("triton", "fla", "flashqla", "fla-triton", "eager")
 
 
-def arguments() -> argparse.Namespace:
+def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the first row only")
     parser.add_argument("--rows", type=int, nargs="+", help="row indices: 0-2 dense as SHAPES, 3 packed")
@@ -290,7 +290,7 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--impls", nargs="+", choices=IMPLS, default=list(IMPLS), help="eager is always timed")
     parser.add_argument("--sweep", nargs="*", metavar="KNOB", help="all of SWEEP, or the settings of these KNOBs only")
     parser.add_argument("--profile", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.sweep:
         unknown = set(args.sweep) - {knob for setting in SWEEP for knob in setting}
         if unknown:
@@ -298,13 +298,27 @@ def arguments() -> argparse.Namespace:
     return args
 
 
+def selected_rows(args: argparse.Namespace) -> list[tuple[int, int, int, int, int, bool]]:
+    """(B, T, H, HV, D, packed) of each row: those --rows names (all without --shape, the first with
+    --quick), then each --shape."""
+    standard = [(*shape, False) for shape in SHAPES] + [(1, PACKED_TOKENS, 16, 32, 128, True)]
+    picked = args.rows or ([] if args.shape else [0] if args.quick else range(len(standard)))
+    return [standard[i] for i in picked] + [(*shape, False) for shape in args.shape or []]
+
+
+def selected_settings(args: argparse.Namespace) -> list[dict] | None:
+    """The sweep's settings: None without --sweep, all of SWEEP with it bare, else those whose knobs
+    are all among the named."""
+    if args.sweep is None:
+        return None
+    return [s for s in SWEEP if not args.sweep or set(s) <= set(args.sweep)]
+
+
 def main() -> None:
     from gdn.backends.fla import bypass_hopper_guard
 
     args = arguments()
-    shapes = [(*shape, False) for shape in SHAPES] + [(1, PACKED_TOKENS, 16, 32, 128, True)]
-    shapes = [shapes[i] for i in (args.rows or ([] if args.shape else [0] if args.quick else range(len(shapes))))]
-    shapes += [(*shape, False) for shape in args.shape or []]
+    shapes, settings = selected_rows(args), selected_settings(args)
     wanted = set(args.impls) | {"eager"}  # every error is measured against eager
     impls = {
         "triton": gdn_impl("triton") if "triton" in wanted else None,
@@ -316,9 +330,6 @@ def main() -> None:
         # where FlashQLA is installed fla hands it the chunk op: its own Triton path is a peer of its own
         impls["fla-triton"] = fla_impl({"FLA_FLASH_QLA": "0"})
     impls = {name: fn for name, fn in impls.items() if fn is not None and name in wanted}
-    settings = None
-    if args.sweep is not None:
-        settings = [s for s in SWEEP if not args.sweep or set(s) <= set(args.sweep)]
     rows, sweep, kernels = [], [], []
     # the guard lives in fla: without fla there is nothing to lift
     with bypass_hopper_guard() if "fla" in impls else contextlib.nullcontext():

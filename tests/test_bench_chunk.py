@@ -1,0 +1,37 @@
+"""bench.chunk's row and sweep selection (the timing itself needs a GPU)."""
+
+from __future__ import annotations
+
+import pytest
+from bench import chunk
+
+pytestmark = pytest.mark.tooling
+
+
+def test_rows_the_arguments_select():
+    dense_first = (1, 8192, 16, 32, 128, False)
+    assert chunk.selected_rows(chunk.arguments([]))[0] == dense_first
+    assert len(chunk.selected_rows(chunk.arguments([]))) == len(chunk.SHAPES) + 1  # and the packed row
+    assert chunk.selected_rows(chunk.arguments(["--quick"])) == [dense_first]
+    assert chunk.selected_rows(chunk.arguments(["--rows", "3"]))[0][-1] is True
+    rank = ["--shape", "1", "32768", "2", "4", "128"]
+    assert chunk.selected_rows(chunk.arguments(rank)) == [(1, 32768, 2, 4, 128, False)]
+    assert chunk.selected_rows(chunk.arguments([*rank, "--rows", "0"])) == [dense_first, (1, 32768, 2, 4, 128, False)]
+
+
+def test_sweep_settings_the_arguments_select():
+    assert chunk.selected_settings(chunk.arguments([])) is None
+    assert chunk.selected_settings(chunk.arguments(["--sweep"])) == chunk.SWEEP
+    only = chunk.selected_settings(chunk.arguments(["--sweep", "segment_programs"]))
+    assert only == [s for s in chunk.SWEEP if set(s) == {"segment_programs"}] and len(only) >= 2
+    # a setting of two knobs runs only where both are named
+    stages = chunk.selected_settings(chunk.arguments(["--sweep", "state_stages"]))
+    assert {"state_stages": 2} in stages and all(set(s) == {"state_stages"} for s in stages)
+    both = chunk.selected_settings(chunk.arguments(["--sweep", "state_stages", "state_bwd_stages"]))
+    assert {"state_stages": 2, "state_bwd_stages": 2} in both
+
+
+def test_a_knob_no_setting_touches_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        chunk.arguments(["--sweep", "no_such_knob"])
+    assert "no setting touches ['no_such_knob']" in capsys.readouterr().err
