@@ -27,9 +27,9 @@ OVERRIDES: dict[str, int] = {}
 # idle. Measured on the H200 (bench/chunk.py --sweep --shape, 2026-12-02; one sequence of 32,768 tokens,
 # bf16, K = V = 128; fwd+bwd summed kernel time): with 32 value heads (128 programs of 32-wide slices)
 # the split lost at 2, 3 and 4 programs per SM (2.10 -> 2.83-3.02 ms at 8,192 tokens) and 16-wide
-# slices lost too; with 16 heads 16-wide slices won (5.32 -> 4.78 ms) and the split lost (5.93); with 8
-# heads the split (3.36) and 16-wide slices (3.37) both won over 3.92; with 4 heads the split won
-# most (3.37 -> 2.00). Hence the slice and split rule in state_slice and segment_length below.
+# slices lost too; with 16 heads 16-wide slices won (5.32 -> 4.82 ms) and the split lost (5.93); with 8
+# heads the split (3.39) and 16-wide slices (3.38) both won over 3.92; with 4 heads the split won
+# most (3.37 -> 2.00). Hence the slice and split rule in state_slice and could_split below.
 SEGMENT_CHUNKS = 8
 SEGMENT_PROGRAMS = 2
 # The split is compiled (sm_90) and timed only up to K = 128: when the combine held a whole K x K map,
