@@ -216,16 +216,19 @@ def agreement(fn, ref, inputs, do) -> dict[str, float]:
     return {name: float(f"{((impl[name] - want).norm() / want.norm()).item():.2e}") for name, want in eager.items()}
 
 
-def sweep_rows(inputs, do, shape: str, settings: list[dict], profiled: bool, cu_seqlens=None) -> list[dict]:
+def sweep_rows(
+    inputs, do, shape: str, settings: list[dict], profiled: bool, cu_seqlens=None
+) -> tuple[list[dict], dict | None]:
     """forward+backward of the triton backend under each knob setting, next to its defaults; with
-    `profiled`, each setting's summed kernel time and its kernels."""
+    `profiled`, each setting's summed kernel time and its kernels. -> (rows, the setting under which a
+    fault lost the CUDA context, or None)."""
     from gdn.backends.triton.common import config
 
     fn = functools.partial(gdn_impl("triton"), cu_seqlens=cu_seqlens)
     rows, lost = [], None
     for knobs in [{}, *settings]:
         row = {"shape": shape, "knobs": knobs or "defaults"}
-        if lost:  # a fault left the CUDA context unusable: every later launch would fail with it
+        if lost is not None:  # a fault left the CUDA context unusable: every later launch would fail with it
             rows.append(row | {"error": f"not run: the CUDA context was lost under {lost}"})
             continue
         config.OVERRIDES.clear()
@@ -243,7 +246,7 @@ def sweep_rows(inputs, do, shape: str, settings: list[dict], profiled: bool, cu_
         finally:
             config.OVERRIDES.clear()
         rows.append(row)
-    return rows
+    return rows, lost
 
 
 def kernel_times(fn, inputs, do, shape: str, impl: str) -> list[dict]:
@@ -291,6 +294,9 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sweep", nargs="*", metavar="KNOB", help="all of SWEEP, or the settings of these KNOBs only")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args(argv)
+    rows = len(SHAPES) + 1
+    if any(not 0 <= i < rows for i in args.rows or []):
+        parser.error(f"--rows: indices 0-{rows - 1}, got {args.rows}")
     if args.sweep:
         unknown = set(args.sweep) - {knob for setting in SWEEP for knob in setting}
         if unknown:
@@ -353,10 +359,11 @@ def main() -> None:
                 rows.append(row)
                 print_table(rows[-1:], ["shape", "impl", "fwd_ms", "fwd_bwd_ms"])
             if settings is not None:
-                sweep += sweep_rows(inputs, do, shape, settings, args.profile, cu)
-                print_table(sweep[-len(settings) - 1 :], ["shape", "knobs", "fwd_bwd_ms", "kernel_ms", "error"])
-                if any("AcceleratorError" in r.get("error", "") for r in sweep[-len(settings) - 1 :]):
-                    print("the CUDA context was lost: the remaining rows are not run")
+                swept, lost = sweep_rows(inputs, do, shape, settings, args.profile, cu)
+                sweep += swept
+                print_table(swept, ["shape", "knobs", "fwd_bwd_ms", "kernel_ms", "error"])
+                if lost is not None:
+                    print(f"the CUDA context was lost under {lost}: the remaining rows are not run")
                     break
             if args.profile:
                 for name in ("triton", "fla", "flashqla"):

@@ -35,3 +35,9 @@ def test_a_knob_no_setting_touches_is_refused(capsys):
     with pytest.raises(SystemExit):
         chunk.arguments(["--sweep", "no_such_knob"])
     assert "no setting touches ['no_such_knob']" in capsys.readouterr().err
+
+
+def test_a_row_index_out_of_range_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        chunk.arguments(["--rows", "0", "4"])
+    assert "--rows: indices 0-3, got [0, 4]" in capsys.readouterr().err
