@@ -16,9 +16,10 @@ gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathe
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
 `fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs. Rows
 marked `back to back` time the same call repeated without pause (the host's time per call, as a decode
-loop that does not wait for the device pays it): do_bench clears the L2 cache before each call, and the
-host launches the next kernel while that clearing runs, so its times hide up to that long of host
-work per call. The
+loop that does not wait for the device pays it; those marked `Triton's launch path` launch every kernel
+through JITFunction.run instead of its known binary's launcher): do_bench clears the L2 cache before
+each call, and the host launches the next kernel while that clearing runs, so its times hide up to
+that long of host work per call. The
 `bf16 state pool` row is the kernel on a bf16 pool (fp32 arithmetic, the state rounded into the pool):
 its bandwidth counts the bf16 bytes it moves, its time is what serving with such a pool gains.
 
@@ -28,6 +29,8 @@ Usage: PYTHONPATH=src:. python -m bench.decode [--batches 1 64 256] [--no-sweep]
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -36,6 +39,7 @@ import torch
 import gdn
 from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
+from gdn.backends.triton import launch as launching
 from gdn.calls import PREPARE
 from gdn.resolve import compute_mode_override
 
@@ -99,6 +103,48 @@ def back_to_back_ms(fn, calls: int = 2000) -> float:
         fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - start) / calls * 1e3
+
+
+def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
+    """Back to back, the decode kernel's known binary launched (a) as gdn.backends.triton.launch does
+    once the key is built (stream lookup, hooks read, launcher) and (b) by its launcher alone with
+    every argument prepared: the least host time any Python caller of this kernel pays on this host."""
+    captured = []
+    original = launching._Binary.run
+
+    def capture(self, *args):
+        captured.append((self, args))
+        return original(self, *args)
+
+    launching._Binary.run = capture
+    try:
+        for _ in range(2):
+            ours(inputs, pool, indices)()
+    finally:
+        launching._Binary.run = original
+    binary, (device, grid, args, kwargs) = captured[-1]
+    values = args if binary.positions is None else tuple(args[i] for i in binary.positions)
+    values = (*values, *(kwargs[name] for name in binary.keywords))
+    whole = (*grid, 1, 1)[:3]
+    stream = binary.stream(device)
+
+    def launcher_alone():
+        binary.launcher(*whole, stream, binary.function, binary.packed_metadata, None, None, None, *values)
+
+    return back_to_back_ms(lambda: binary.run(device, grid, args, kwargs)), back_to_back_ms(launcher_alone)
+
+
+@contextlib.contextmanager
+def tritons_launch_path():
+    """Every launch through Triton's own per-launch path (JITFunction.run), as before the bundled
+    kernels launched their known binaries directly: the host time that path costs, side by side."""
+    os.environ[launching.DIRECT_ENV] = "0"
+    launching.direct_launches.cache_clear()
+    try:
+        yield
+    finally:
+        del os.environ[launching.DIRECT_ENV]
+        launching.direct_launches.cache_clear()
 
 
 def graphed(step):
@@ -193,6 +239,10 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     graph_ms = median_ms(graphed(public(inputs, pool, indices)))
     public_b2b_ms = back_to_back_ms(public(inputs, pool, indices))
     kernel_b2b_ms = back_to_back_ms(ours(inputs, pool, indices))
+    with tritons_launch_path():
+        public_jit_ms = back_to_back_ms(public(inputs, pool, indices))
+        kernel_jit_ms = back_to_back_ms(ours(inputs, pool, indices))
+    binary_ms, launcher_ms = launch_floor_ms(inputs, pool, indices)
     rows = [
         {**row(B, "gdn", "public call", public_ms, state_bytes, ceiling), "of_kernel": f"{kernel_ms / public_ms:.0%}"},
         {
@@ -202,6 +252,10 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
         row(B, "gdn", "public call in a CUDA graph", graph_ms, state_bytes, ceiling),
         row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", kernel_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "kernel, back to back", kernel_b2b_ms, state_bytes, ceiling),
+        row(B, "gdn", "public call, back to back, Triton's launch path", public_jit_ms, state_bytes, ceiling),
+        row(B, "gdn-triton", "kernel, back to back, Triton's launch path", kernel_jit_ms, state_bytes, ceiling),
+        row(B, "gdn-triton", "its binary, back to back, arguments prepared", binary_ms, state_bytes, ceiling),
+        row(B, "gdn-triton", "its binary's launcher alone, back to back", launcher_ms, state_bytes, ceiling),
     ]
     for knobs in SWEEP if sweep else []:
         decode.OVERRIDES.update(knobs)

@@ -67,9 +67,17 @@ def _installed(distribution: str) -> bool:
 def device_guard(t: torch.Tensor) -> contextlib.AbstractContextManager:
     """Triton launches on the current device of the torch device module, not on the tensor's: make
     the tensor's device current for the launch (a no-op for host tensors under the interpreter)."""
-    if t.device.type == "cpu":
-        return contextlib.nullcontext()
-    return torch.get_device_module(t.device.type).device(t.device)
+    device = t.device
+    if device.type == "cpu":
+        return _SAME_DEVICE
+    module = torch.get_device_module(device.type)
+    # Entering and leaving the device context costs a decode step more host time than the check.
+    if module.current_device() == device.index:
+        return _SAME_DEVICE
+    return module.device(device)
+
+
+_SAME_DEVICE = contextlib.nullcontext()
 
 
 @functools.cache

@@ -15,7 +15,6 @@ over all its cases at once). Where Triton has no asynchronous compile mode (3.2)
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
 import threading
 from collections.abc import Callable, Hashable, Mapping
@@ -29,11 +28,9 @@ _done: set[Hashable] = set()
 _lock = threading.Lock()
 
 
-def launch(kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
-    """`kernel[grid]`; during a dry run, the kernel's warm-up at that grid (compiles, launches nothing)."""
-    if _compiling_only.get():
-        return functools.partial(kernel.warmup, grid=grid)
-    return kernel[grid]
+def compiling_only() -> bool:
+    """Whether a dry run is under way: launches then only compile (gdn.backends.triton.launch)."""
+    return _compiling_only.get()
 
 
 def _async_compile_mode() -> type | None:

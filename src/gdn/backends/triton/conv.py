@@ -27,6 +27,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 from gdn.backends.triton.decode import as_block, refuse_grad
+from gdn.backends.triton.launch import launch
 from gdn.calls import ConvCall, ConvUpdateCall
 
 # Output tile of one prefill program, channels x tokens: 8 outputs a thread. The W shifted tap
@@ -248,7 +249,7 @@ def causal_conv1d_fn(call: ConvCall):
     out = _like_input(x, channel_last)
     common = dict(T=T, D=D, W=W, CHANNEL_LAST=channel_last, VARLEN=varlen, HAS_HIST=hist is not None)
     with device_guard(x):
-        _conv_fn_kernel[(B * cdiv(T, BLOCK_T), cdiv(D, BLOCK_D))](
+        launch(_conv_fn_kernel, (B * cdiv(T, BLOCK_T), cdiv(D, BLOCK_D)))(
             x,
             weight,
             bias,
@@ -275,7 +276,7 @@ def causal_conv1d_fn(call: ConvCall):
             final = torch.empty(B, D, W - 1, dtype=x.dtype, device=x.device)
             dest, dest_rows = final, None
         if dest is not None and W > 1:
-            _conv_state_kernel[(N, cdiv(D, STATE_BLOCK_D))](
+            launch(_conv_state_kernel, (N, cdiv(D, STATE_BLOCK_D)))(
                 x,
                 hist,
                 hist_rows,
@@ -436,7 +437,7 @@ def causal_conv1d_update(call: ConvUpdateCall):
     S = conv_state.shape[-1]
     out = torch.empty_like(xs)
     with device_guard(xs):
-        _conv_update_kernel[(B, cdiv(D, STATE_BLOCK_D))](
+        launch(_conv_update_kernel, (B, cdiv(D, STATE_BLOCK_D)))(
             xs,
             weight,
             bias,

@@ -18,6 +18,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
 from gdn.backends.triton.common.tiles import cast_as
 from gdn.backends.triton.decode import refuse_grad
+from gdn.backends.triton.launch import launch
 from gdn.calls import GatingCall
 
 SOFTPLUS_THRESHOLD = tl.constexpr(20.0)
@@ -84,7 +85,7 @@ def fused_gdn_gating(call: GatingCall):
         BH = next_power_of_2(HV)
         BR = max(1, TILE // BH)
         with device_guard(a2):
-            _gating_kernel[(cdiv(rows, BR),)](
+            launch(_gating_kernel, (cdiv(rows, BR),))(
                 A_log,
                 a2,
                 b2,

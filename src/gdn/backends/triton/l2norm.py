@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, num_warps_for
-from gdn.backends.triton.compile_ahead import launch
+from gdn.backends.triton.launch import launch
 from gdn.calls import L2NormCall
 
 # Up to this many columns a row lives in one block (head dims are 64..256); wider rows are swept in

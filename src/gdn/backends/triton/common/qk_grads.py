@@ -23,7 +23,7 @@ from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
-from gdn.backends.triton.compile_ahead import launch
+from gdn.backends.triton.launch import launch
 
 
 @triton.jit(do_not_specialize=["T", "IS_VARLEN"])

@@ -31,7 +31,7 @@ from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, state_slice
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma
-from gdn.backends.triton.compile_ahead import launch
+from gdn.backends.triton.launch import launch
 
 
 @triton.jit

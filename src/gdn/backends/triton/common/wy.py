@@ -18,7 +18,7 @@ from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
-from gdn.backends.triton.compile_ahead import launch
+from gdn.backends.triton.launch import launch
 
 
 @triton.jit

@@ -1,0 +1,195 @@
+"""Every launch of a bundled kernel: `launch(kernel, grid)(*args, **kwargs)`.
+
+Triton's own launch (`JITFunction.run`) binds the arguments, specializes each one, builds a cache key,
+finds the binary and only then calls the binary's launcher. On an H200 host that took about 35 µs of
+a B = 1 decode step whose kernel runs 8 µs (2026-12-01), and each of a chunk call's twenty launches
+pays it. Here, once Triton has launched a kernel with a set of arguments, later launches whose key
+matches call that binary's launcher directly, as Triton's path would have after finding it. The key is
+the kernel, the current device, each tensor's dtype and address modulo 16, and every other argument's
+type and value: finer than Triton's specialization (which reads a pointer's 16-byte alignment and an
+integer's being 1, its divisibility by 16 and its width), so a binary is never reused for arguments
+Triton would compile another one for; a new value of an integer only takes Triton's path once. It is
+built in one plain loop: on that host each Python operation per argument counts.
+
+Triton's launch hooks (a profiler's) still run: with one set, the launch goes through the binary's
+own launch, which computes their metadata; with none (Triton 3.6 keeps empty hook chains there), the
+launcher gets no hooks and no metadata to build. Triton's debug mode (read when a binary is first
+found) keeps every launch on Triton's path. Launches go through Triton's path during a dry run (they
+only compile), under the interpreter, for anything that is not a JITFunction (a test's recorder), and
+on targets other than CUDA, where this path has not run on a device.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gdn.backends.triton._common import flavour, is_interpreting
+from gdn.backends.triton.compile_ahead import compiling_only
+
+# "0" keeps every launch on Triton's own path (a switch for comparing the two, or for a Triton whose
+# launcher this path does not fit).
+DIRECT_ENV = "GDN_TRITON_DIRECT_LAUNCH"
+# Distinct (kernel, device, specialization) entries kept; past it the table starts over.
+DIRECT_LIMIT = 4096
+
+
+@dataclass(frozen=True)
+class _Binary:
+    """A compiled kernel, held as its launcher, function and metadata, and which of a launch's
+    arguments its launcher takes, in its order: the positional ones at `positions` (None: all of them),
+    then the keyword ones named in `keywords`."""
+
+    compiled: Any
+    launcher: Callable[..., Any]
+    function: Any
+    packed_metadata: Any
+    stream: Callable[[int], Any]
+    hooks: Any
+    positions: tuple[int, ...] | None
+    keywords: tuple[str, ...]
+
+    def run(self, device: int, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        values = args if self.positions is None else tuple(args[i] for i in self.positions)
+        if self.keywords:
+            values = (*values, *(kwargs[name] for name in self.keywords))
+        # the binary's launch reads three grid dimensions; Triton's own path fills in the missing ones
+        whole = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
+        if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
+            self.compiled[whole](*values)
+            return
+        self.launcher(*whole, self.stream(device), self.function, self.packed_metadata, None, None, None, *values)
+
+
+_binaries: dict[tuple, _Binary | None] = {}
+_SCALARS = frozenset((int, float, bool, str, type(None)))
+
+
+def launch(kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
+    """`kernel[grid]`, launched through its binary's launcher once Triton has launched it with arguments
+    of the same key; during a dry run, the kernel's warm-up at that grid (compiles only)."""
+    if compiling_only():
+        return functools.partial(kernel.warmup, grid=grid)
+    if not direct_launches() or type(kernel) is not _jit_function():
+        return kernel[grid]
+    return functools.partial(_launch, kernel, grid)
+
+
+@functools.cache
+def direct_launches() -> bool:
+    """Whether launches skip Triton's per-launch path once a binary is known (CUDA, not interpreting,
+    not switched off by GDN_TRITON_DIRECT_LAUNCH=0). Read once per process."""
+    if is_interpreting() or os.environ.get(DIRECT_ENV, "1") == "0":
+        return False
+    try:
+        return flavour().target == "cuda"
+    except Exception:  # no usable driver: Triton's own path reports it at the launch
+        return False
+
+
+@functools.cache
+def _jit_function() -> type:
+    from triton.runtime.jit import JITFunction
+
+    return JITFunction
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    device = torch.cuda.current_device()
+    key = _key(kernel, device, args, kwargs)
+    binary = _binaries.get(key) if key is not None else None
+    if binary is not None:
+        binary.run(device, grid, args, kwargs)
+        return
+    if any(isinstance(value, torch.Tensor) for value in kwargs.values()):
+        raise TypeError(f"{kernel.__name__}: pass tensors by position (the launch key reads only positional ones)")
+    compiled = kernel[grid](*args, **kwargs)
+    if key is not None and key not in _binaries:
+        if len(_binaries) >= DIRECT_LIMIT:
+            _binaries.clear()
+        _binaries[key] = _binary(kernel, compiled, args, kwargs)
+
+
+def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
+    """What decides the binary of this launch (the module's docstring says why each part), or None
+    where it cannot be hashed (that launch takes Triton's path). Tensors go by position (`_launch`
+    refuses one by keyword). One plain loop: this runs on every launch."""
+    key: list[Any] = [kernel, device, tuple(kwargs.items()), tuple(map(type, kwargs.values()))]
+    append = key.append
+    for value in args:
+        kind = type(value)
+        if kind is torch.Tensor or (kind not in _SCALARS and isinstance(value, torch.Tensor)):
+            append(value.dtype)
+            append(value.data_ptr() % 16)
+        else:
+            append(kind)
+            append(value)
+    whole = tuple(key)
+    try:
+        hash(whole)
+    except TypeError:
+        return None
+    return whole
+
+
+def _binary(kernel: Any, compiled: Any, args: tuple, kwargs: dict[str, Any]) -> _Binary | None:
+    """The launcher's argument order, read from the binary's signature (Triton 3.2 lists the runtime
+    parameters there, later versions every parameter), or None where the direct path must not be used."""
+    signature = getattr(getattr(compiled, "src", None), "signature", None)
+    if signature is None or getattr(kernel, "pre_run_hooks", None) or _debugging():
+        return None
+    params = [p.name for p in kernel.params]
+    positional = params[: len(args)]
+    names = list(signature)
+    positions = tuple(i for i, name in enumerate(positional) if name in signature)
+    keywords = tuple(name for name in names if name not in positional)
+    if [positional[i] for i in positions] + list(keywords) != names or not all(n in kwargs for n in keywords):
+        return None
+    return _Binary(
+        compiled,
+        compiled.run,
+        compiled.function,
+        compiled.packed_metadata,
+        _stream_getter(),
+        _hook_source(),
+        None if len(positions) == len(args) else positions,
+        keywords,
+    )
+
+
+def _hooked(hook: Any) -> bool:
+    """Whether a launch hook is set: Triton 3.2 keeps None or a callable, later versions a HookChain
+    whose list of calls is empty until a profiler adds one."""
+    return bool(getattr(hook, "calls", hook is not None))
+
+
+def _stream_getter() -> Callable[[int], Any]:
+    """The active driver's current stream of a device, as Triton's launch path reads it."""
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream
+
+
+def _hook_source() -> Any:
+    """Where this Triton keeps its launch hooks: `triton.knobs.runtime` (3.4 on), CompiledKernel (3.2)."""
+    try:
+        from triton import knobs
+    except ImportError:
+        from triton.compiler import CompiledKernel
+
+        return CompiledKernel
+    return knobs.runtime
+
+
+def _debugging() -> bool:
+    """Triton's debug mode (checks compiled into each binary, chosen per launch): its path decides."""
+    try:
+        from triton import knobs
+    except ImportError:  # Triton 3.2
+        return os.environ.get("TRITON_DEBUG", "0") == "1"
+    return bool(knobs.runtime.debug)

@@ -1,0 +1,148 @@
+"""Launching the bundled kernels through their binaries' launchers (gdn.backends.triton.launch): the
+key that decides when a known binary is reused is at least as fine as Triton's specialization, the
+launcher gets its arguments in its own order for both of Triton's signature conventions, and on a
+CUDA device a direct launch computes what Triton's own launch computes, for every class of argument."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from gdn.backends.triton import launch as launching  # noqa: E402
+
+pytestmark = pytest.mark.single_op
+CUDA = torch.cuda.is_available()
+
+
+@triton.jit
+def _axpb_kernel(x, y, a, n, stride, BLOCK: tl.constexpr, SHIFT: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    xv = tl.load(x + offs * stride, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y + offs, (xv * a + SHIFT).to(y.dtype.element_ty), mask=mask)
+
+
+class _FakeKernel:
+    """What the launch path reads of a JITFunction: its parameters and pre-run hooks."""
+
+    def __init__(self, names: list[str], constexpr: set[str]):
+        self.params = [SimpleNamespace(name=n, is_constexpr=n in constexpr) for n in names]
+        self.pre_run_hooks: list = []
+
+
+def test_arguments_triton_compiles_apart_have_keys_apart():
+    kernel = _FakeKernel(["x"], set())
+
+    def key(value):
+        return launching._key(kernel, 0, (value,), {})
+
+    base = torch.empty(64, dtype=torch.float32)
+    assert key(base) != key(base[1:]), "a pointer off 16-byte alignment must not reuse an aligned binary"
+    assert key(base) != key(base.to(torch.bfloat16)), "another dtype is another binary"
+    assert key(base[4:]) == key(base) == key(torch.empty(8)), "16-byte aligned tensors of a dtype share it"
+    assert key(torch.nn.Parameter(base)) == key(base), "a tensor subclass is keyed as a tensor"
+    integers = [1, 2, 16, 2**31, -(2**31) - 1, -16]
+    assert len({key(i) for i in integers}) == len(integers)
+    assert len({key(1), key(True), key(1.0)}) == 3, "an integer, a flag and a float compile apart"
+    assert key(None) != key(False)
+
+
+def test_constexprs_and_keywords_are_keyed_by_value_and_type():
+    kernel = _FakeKernel(["x", "n", "BLOCK"], {"BLOCK"})
+    x = torch.empty(8)
+    one = launching._key(kernel, 0, (x, 3, 64), {"SHIFT": 1})
+    assert one == launching._key(kernel, 0, (torch.empty(8), 3, 64), {"SHIFT": 1})
+    assert one != launching._key(kernel, 0, (x, 3, 64), {"SHIFT": True}), "a flag is not the integer 1"
+    assert one != launching._key(kernel, 0, (x, 3, 128), {"SHIFT": 1}), "a constexpr passed by position"
+    assert one != launching._key(kernel, 0, (x, 3, 64), {"SHIFT": 2}), "a constexpr passed by keyword"
+    assert one != launching._key(kernel, 1, (x, 3, 64), {"SHIFT": 1}), "another device"
+
+
+@pytest.mark.parametrize(
+    ("signature", "positions", "launched"),
+    [
+        # Triton 3.2: the binary's signature lists the runtime parameters only
+        (["x", "y", "n", "IS_VARLEN"], (0, 1, 3), ("X", "Y", 7, 1)),
+        # Triton 3.6 and 3.9: every parameter, constexprs included
+        (["x", "y", "BLOCK", "n", "IS_VARLEN", "SHIFT"], None, ("X", "Y", 64, 7, 1, 3)),
+    ],
+    ids=["runtime-only", "every-parameter"],
+)
+def test_the_launcher_gets_its_arguments_in_its_own_order(signature, positions, launched, monkeypatch):
+    kernel = _FakeKernel(["x", "y", "BLOCK", "n", "IS_VARLEN", "SHIFT"], {"BLOCK", "SHIFT"})
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=SimpleNamespace(calls=[]))
+    monkeypatch.setattr(launching, "_hook_source", lambda: hooks)
+    monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
+    launches, runs = [], []
+
+    class Compiled:
+        src = SimpleNamespace(signature=dict.fromkeys(signature, "any"))
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *values):  # Triton's launcher: grid, stream, function, metadata, hooks, arguments
+            launches.append(values)
+
+        def __getitem__(self, grid):  # Triton's own launch, which reads all three grid dimensions
+            return lambda *values: runs.append(((grid[0], grid[1], grid[2]), values))
+
+    args, kwargs = ("X", "Y", 64, 7), {"IS_VARLEN": 1, "SHIFT": 3, "num_warps": 4}
+    binary = launching._binary(kernel, Compiled(), args, kwargs)
+    assert binary is not None and binary.positions == positions
+    for grid in [(2,), (2, 3), (2, 3, 4)]:
+        binary.run(5, grid, args, kwargs)
+    prefix = ("stream of 5", "function", "metadata", None, None, None)
+    assert launches == [(2, 1, 1, *prefix, *launched), (2, 3, 1, *prefix, *launched), (2, 3, 4, *prefix, *launched)]
+    # a profiler's hook (Triton 3.2: a callable; 3.6: a chain with a call in it): its metadata comes
+    # from the binary's own launch
+    hooks.launch_exit_hook.calls.append(print)
+    binary.run(5, (2,), args, kwargs)
+    hooks.launch_exit_hook.calls.clear()
+    hooks.launch_enter_hook = print
+    binary.run(5, (2, 3), args, kwargs)
+    assert runs == [((2, 1, 1), launched), ((2, 3, 1), launched)] and len(launches) == 3
+
+
+def test_a_signature_that_needs_an_argument_the_call_did_not_pass_keeps_tritons_path():
+    kernel = _FakeKernel(["x", "n", "SHIFT"], {"SHIFT"})
+    compiled = SimpleNamespace(src=SimpleNamespace(signature={"x": "*fp32", "n": "i32", "SHIFT": "constexpr"}))
+    assert launching._binary(kernel, compiled, ("X", 3), {}) is None
+
+
+@pytest.mark.skipif(not CUDA, reason="direct launches run on a CUDA device only")
+def test_direct_launches_compute_what_tritons_launch_computes(gen):
+    assert launching.direct_launches()
+    launching._binaries.clear()
+    x = torch.randn(4099, generator=gen).cuda()
+    cases = [
+        (x, 4099, 1),  # aligned, odd length
+        (x, 4096, 1),  # a length divisible by 16
+        (x[1:], 4098, 1),  # a pointer off 16-byte alignment
+        (x.to(torch.bfloat16), 4099, 1),  # another dtype
+        (x, 2049, 2),  # a stride of 2
+        (x, 1, 1),  # one element: an integer Triton specializes as 1
+    ]
+    side = torch.cuda.Stream()
+    for source, n, stride in cases:
+        expected = (source[: (n - 1) * stride + 1 : stride].float() * 0.5 + 3).to(source.dtype)
+        for repeat in range(3):
+            y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
+            stream = side if repeat == 2 else torch.cuda.current_stream()
+            with torch.cuda.stream(stream):
+                launching.launch(_axpb_kernel, (triton.cdiv(n, 256),))(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
+            torch.cuda.synchronize()
+            torch.testing.assert_close(y, expected, rtol=0, atol=0)
+    keys = [k for k in launching._binaries if k[0] is _axpb_kernel]
+    assert len(keys) == len(cases), "each class of arguments launches through a binary of its own"
+    assert all(launching._binaries[k] is not None for k in keys)
+    hooks = launching._binaries[keys[0]].hooks
+    assert not launching._hooked(hooks.launch_enter_hook), "no profiler here: launches skip the hooks' metadata"
+    assert not launching._hooked(hooks.launch_exit_hook)
