@@ -104,16 +104,13 @@ def _token_step(
     i_hv,
     o_k,
     o_v,
-    live,
-    fill,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice, or
-    `fill` where the row is not served (`live` false: its state is never stored either)."""
+    """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice."""
     mask_k = o_k < K
     mask_v = o_v < V
     b_q = tl.load(q_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -131,7 +128,7 @@ def _token_step(
     b_u = b_beta * (b_v - hk)
     h += b_k[:, None] * b_u[None, :]
     b_o = hq + tl.sum(b_q * b_k) * b_u
-    tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(tl.where(live, b_o, fill), o_ptr), mask=mask_v)
+    tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(b_o, o_ptr), mask=mask_v)
     return h
 
 
@@ -236,7 +233,7 @@ def _recurrent_kernel(
         mask_k = load_k & (as_block(live.to(tl.int64), BK) > 0)
     else:
         live = True
-        fill = 0.0  # every row of a plain call is served
+        fill = 0.0  # unused: every row of a plain call is served
         row = i_n.to(tl.int64)
         load_k = mask_k
     mask_load = load_k[:, None] & (o_v < V)[None, :]
@@ -247,58 +244,59 @@ def _recurrent_kernel(
     h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
         h += tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
-    # Every row runs the recurrence, served or not: gating it on `live` would hold the token loads
-    # back until the scans over the other rows are done. A row that is not served writes `fill`.
-    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+    if live:
+        if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+            t = bos
+            while t < eos:
+                h = _token_step(
+                    h,
+                    t,
+                    q_ptr,
+                    k_ptr,
+                    v_ptr,
+                    g_ptr,
+                    beta_ptr,
+                    o_ptr,
+                    scale,
+                    i_h,
+                    i_hv,
+                    o_k,
+                    o_v,
+                    H,
+                    HV,
+                    K,
+                    V,
+                    L2NORM,
+                )
+                t += 1
+        else:
+            for t in range(bos, eos):
+                h = _token_step(
+                    h,
+                    t,
+                    q_ptr,
+                    k_ptr,
+                    v_ptr,
+                    g_ptr,
+                    beta_ptr,
+                    o_ptr,
+                    scale,
+                    i_h,
+                    i_hv,
+                    o_k,
+                    o_v,
+                    H,
+                    HV,
+                    K,
+                    V,
+                    L2NORM,
+                )
+    else:
+        # a padding or refused pool row: no recurrence, its outputs are fill
         t = bos
         while t < eos:
-            h = _token_step(
-                h,
-                t,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                o_ptr,
-                scale,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                live,
-                fill,
-                H,
-                HV,
-                K,
-                V,
-                L2NORM,
-            )
+            tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(tl.zeros([BV], tl.float32) + fill, o_ptr), mask=o_v < V)
             t += 1
-    else:
-        for t in range(bos, eos):
-            h = _token_step(
-                h,
-                t,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                o_ptr,
-                scale,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                live,
-                fill,
-                H,
-                HV,
-                K,
-                V,
-                L2NORM,
-            )
     if STORE_HT:
         if not USE_POOL:
             h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, float("nan"))
