@@ -44,25 +44,18 @@ from gdn.calls import PREPARE
 from gdn.resolve import compute_mode_override
 
 H, HV, K, V = 16, 32, 128, 128
-# launch knobs tried beside the heuristic (BLOCK_N: slot indices each step of the device checks reads)
+# launch knobs of a one-token step tried beside the heuristic, on the fp32 and on the bf16 pool: the
+# slice width, warps, how many slices a program walks and the depth of its pipeline
 SWEEP = [
+    {"SLICES": 1, "STAGES": 1},
+    {"SLICES": 2},
+    {"SLICES": 4},
+    {"STAGES": 2},
+    {"STAGES": 4},
+    {"BV": 8},
     {"BV": 16, "num_warps": 2},
     {"BV": 32, "num_warps": 2},
-    {"BV": 32, "num_warps": 4},
-    {"BV": 64, "num_warps": 4},
-    {"BV": 64, "num_warps": 8},
-    {"BV": 128, "num_warps": 8},
-    {"BV": 32, "num_warps": 1, "BLOCK_N": 64},
-    {"BV": 32, "num_warps": 1, "BLOCK_N": 128},
-    {"BV": 32, "num_warps": 1, "BLOCK_N": 256},
-]
-# the bf16 pool moves half the bytes per tile: wider slices and wider check steps
-HALF_SWEEP = [
-    {"BV": 64, "num_warps": 2},
-    {"BV": 64, "num_warps": 4},
-    {"BV": 32, "num_warps": 1, "BLOCK_N": 128},
-    {"BV": 32, "num_warps": 1, "BLOCK_N": 256},
-    {"BV": 64, "num_warps": 2, "BLOCK_N": 256},
+    {"BV": 32, "num_warps": 1, "STAGES": 2},
 ]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"
@@ -224,6 +217,10 @@ def row(B: int, impl: str, config: str, ms: float, state_bytes: int, ceiling: fl
     }
 
 
+def _knobs(cfg: decode.LaunchConfig) -> dict[str, int]:
+    return {"BV": cfg.BV, "num_warps": cfg.num_warps, "SLICES": cfg.SLICES, "STAGES": cfg.STAGES}
+
+
 def _label(knobs: dict[str, int]) -> str:
     return " ".join(f"{'w' if name == 'num_warps' else name}={value}" for name, value in knobs.items())
 
@@ -233,7 +230,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     checks = {"agreement_vs_eager": agreement(inputs, pool, indices)}
     state_bytes = 2 * B * HV * K * V * 4
     decode.OVERRIDES.clear()
-    default = decode.launch_config(B, HV, K, V, pool.device)
+    default = decode.launch_config(B, HV, K, V, pool.device, one_token=True)
     kernel_ms = median_ms(ours(inputs, pool, indices))
     public_ms = median_ms(public(inputs, pool, indices))
     graph_ms = median_ms(graphed(public(inputs, pool, indices)))
@@ -250,7 +247,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
             "of_kernel": f"{kernel_b2b_ms / public_b2b_ms:.0%}",
         },
         row(B, "gdn", "public call in a CUDA graph", graph_ms, state_bytes, ceiling),
-        row(B, "gdn-triton", f"heuristic BV={default.BV} w={default.num_warps}", kernel_ms, state_bytes, ceiling),
+        row(B, "gdn-triton", f"heuristic {_label(_knobs(default))}", kernel_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "kernel, back to back", kernel_b2b_ms, state_bytes, ceiling),
         row(B, "gdn", "public call, back to back, Triton's launch path", public_jit_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "kernel, back to back, Triton's launch path", kernel_jit_ms, state_bytes, ceiling),
@@ -275,7 +272,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
             ceiling,
         )
     )
-    for knobs in HALF_SWEEP if sweep else []:
+    for knobs in SWEEP if sweep else []:
         decode.OVERRIDES.update(knobs)
         ms = median_ms(ours(inputs, half, indices))
         decode.OVERRIDES.clear()

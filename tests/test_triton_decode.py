@@ -38,6 +38,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 PLAIN = "fused_recurrent_gated_delta_rule"
 POOL = "fused_recurrent_gated_delta_rule_update"
+# How a one-token program walks its V slices: the heuristic's choice for these small shapes (one slice
+# per program), and forced walks of several 8-column slices through a pipeline, where V = 24 leaves a
+# slice past the last column (three slices in groups of two or four).
+WALKS = [{}, {"BV": 8, "SLICES": 2, "STAGES": 2}, {"BV": 8, "SLICES": 4, "STAGES": 3}]
+WALK_IDS = ["heuristic", "2-slice-walks", "4-slice-walk"]
 
 
 def run(impl, op: str, *args, **kwargs):
@@ -88,6 +93,21 @@ def test_plain_matches_eager(dtype, B, T, H, HV, K, V, with_state, l2norm, scale
     assert o.dtype == v.dtype and final.dtype == torch.float32
     assert rel_err(o, ro) <= TOL[dtype]
     assert rel_err(final, rfinal) <= 1e-5
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("walk", WALKS, ids=WALK_IDS)
+def test_one_token_walks_match_eager(walk, gen, monkeypatch):
+    """One token per sequence, with and without states, through each walk over the V slices."""
+    monkeypatch.setattr(decode, "OVERRIDES", dict(walk))
+    q, k, v, g, beta = make_inputs(gen, 3, 1, 2, 4, 16, 24)
+    h0 = random_pool(gen, 3, 4, 16, 24)
+    for kwargs in ({}, {"initial_state": h0, "output_final_state": True}):
+        (o, final), (ro, rfinal) = triton_and_eager(
+            PLAIN, q, k, v, g, beta=beta, use_qk_l2norm_in_kernel=True, **kwargs
+        )
+        assert rel_err(o, ro) <= 1e-5
+        assert (final is None) is (rfinal is None) and (final is None or rel_err(final, rfinal) <= 1e-5)
 
 
 @pytest.mark.single_op
@@ -178,14 +198,16 @@ def test_pool_varlen_multi_token(gen):
 
 
 @pytest.mark.single_op
+@pytest.mark.parametrize("walk", WALKS, ids=WALK_IDS)
 @pytest.mark.parametrize(
     ("indices", "refused"),
     [([4, 7, 0, 2], [1]), ([4, -2, 0, 2], [1]), ([2, -1, 0, 2], [0, 3]), ([6, -1, 3, 0], [])],
     ids=["past-the-pool", "below-minus-one", "repeated", "valid"],
 )
-def test_pool_slots_out_of_range_or_repeated_give_nan_rows_and_leave_the_pool(indices, refused, gen):
+def test_pool_slots_out_of_range_or_repeated_give_nan_rows_and_leave_the_pool(indices, refused, walk, gen, monkeypatch):
     """The kernel reads the slots on the device: a bad one never reaches memory out of range and
     never writes a slot; its sequence's outputs are NaN, every other sequence is served as usual."""
+    monkeypatch.setattr(decode, "OVERRIDES", dict(walk))
     B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
     q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V)
     pool = random_pool(gen, slots, HV, K, V)
@@ -345,6 +367,15 @@ def test_launch_config_heuristic(monkeypatch):
     assert pick(1) == (8, 1)
     assert pick(256, K=256) == (16, 1)  # the register budget caps the tile
     assert pick(256, K=512) == (8, 1)
+
+    def walk(N, K=128):  # one token a sequence
+        cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True)
+        return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES
+
+    assert walk(256) == (16, 1, 8, 3)  # 8192 programs walking all 8 slices of a head
+    assert walk(64) == (16, 1, 2, 3)  # 2048 * 4 programs of 2 slices: several waves still
+    assert walk(1) == (16, 1, 1, 1)  # too few sequences to walk: one slice a program, nothing to pipeline
+    assert walk(256, K=256) == (16, 2, 8, 3)  # 64 state elements a thread
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
@@ -467,13 +498,14 @@ DECODE_SCENARIO = """
 from gdn.backends.triton import decode
 from gdn.calls import PREPARE
 
-def call(op, B, T, K=128, V=128, cu=None, **kwargs):
+def call(op, B, T, K=128, V=128, cu=None, pool_dtype=torch.float32, **kwargs):
     q = torch.randn(B, T, 16, K, dtype=torch.bfloat16)
     v = torch.randn(B, T, 32, V, dtype=torch.bfloat16)
     g, beta = torch.randn(B, T, 32), torch.rand(B, T, 32, dtype=torch.bfloat16)
     if op.endswith("_update"):
         N = B if cu is None else len(cu) - 1
-        kwargs.update(ssm_pool=torch.zeros(2 * N, 32, K, V), ssm_indices=torch.arange(N, dtype=torch.int32))
+        pool = torch.zeros(2 * N, 32, K, V, dtype=pool_dtype)
+        kwargs.update(ssm_pool=pool, ssm_indices=torch.arange(N, dtype=torch.int32))
     if cu is not None:
         kwargs["cu_seqlens"] = torch.tensor(cu)
     prepared = PREPARE[op](q, q, v, g, beta=beta, use_qk_l2norm_in_kernel=True, **kwargs)
@@ -481,17 +513,24 @@ def call(op, B, T, K=128, V=128, cu=None, **kwargs):
 
 POOL = "fused_recurrent_gated_delta_rule_update"
 PLAIN = "fused_recurrent_gated_delta_rule"
+decode.processors = lambda device: 132
 RESULT["usage"] = {}
-for BV, warps in ((64, 4), (32, 4), (32, 1), (16, 2), (8, 1)):
+for BV, warps in ((64, 4), (32, 4), (32, 1), (16, 2), (8, 1)):  # two tokens a sequence: one slice a program
     decode.OVERRIDES.update(BV=BV, num_warps=warps)
-    RESULT["usage"][f"pool BV={BV} warps={warps}"] = compile_sm90(call(POOL, 256, 1))
+    RESULT["usage"][f"pool T=2 BV={BV} warps={warps}"] = compile_sm90(call(POOL, 256, 2))
+for knobs in ({}, {"BV": 32, "num_warps": 2}, {"BV": 16, "num_warps": 1, "STAGES": 4}, {"BV": 8, "num_warps": 1}):
+    decode.OVERRIDES.clear()
+    decode.OVERRIDES.update(knobs)  # one token a sequence: pipelined walks over the slices
+    for dtype in (torch.float32, torch.bfloat16):
+        RESULT["usage"][f"pool T=1 {knobs} {dtype}"] = compile_sm90(call(POOL, 256, 1, pool_dtype=dtype))
 decode.OVERRIDES.clear()
 RESULT["usage"]["plain varlen K=V=256"] = compile_sm90(
     call(PLAIN, 1, 9, K=256, V=256, cu=[0, 4, 9], initial_state=torch.zeros(2, 32, 256, 256), output_final_state=True)
 )
 RESULT["keys"] = {
-    "plain": len({launch_key(call(PLAIN, 2, T)) for T in (16, 17, 33)}),
-    "pool varlen": len({launch_key(call(POOL, 1, T, cu=[0, 1, T])) for T in (16, 17, 33)}),
+    "plain": len({launch_key(call(PLAIN, 2, T)) for T in (2, 16, 17, 33)}),
+    "pool varlen": len({launch_key(call(POOL, 1, T, cu=[0, 1, T])) for T in (1, 16, 17, 33)}),
+    "one token or several": len({launch_key(call(POOL, 4, T)) for T in (1, 2)}),
 }
 """
 
@@ -501,4 +540,5 @@ def test_compiles_for_hopper_without_spills_and_one_binary_per_length():
     result = run_on_hopper_compiler(DECODE_SCENARIO)
     for name, usage in result["usage"].items():
         assert usage["spill_bytes"] in (0, None), f"{name}: {usage}"
-    assert result["keys"] == {"plain": 1, "pool varlen": 1}, "a token count changed a specialized argument"
+    # one binary for a step of one token per sequence (pipelined), one for every longer or packed call
+    assert result["keys"] == {"plain": 1, "pool varlen": 1, "one token or several": 2}, result["keys"]

@@ -63,6 +63,12 @@ PROGRAMS_PER_SM = 4
 # default, which keeps the checks from taking registers from the state tile (a wider block spilled at
 # 2 warps); `BLOCK_N` in OVERRIDES tries wider steps (fewer dependent reads before the state is written).
 THREADS_PER_WARP = 32
+# One token per sequence: 16-column slices, 64 state elements a thread, about this many programs per
+# SM (several waves of the ~13 that fit one), and loads three slices deep.
+PIPELINED_BV = 16
+PIPELINED_ELEMENTS = 64
+PIPELINED_PROGRAMS_PER_SM = 32
+PIPELINED_STAGES = 3
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
 OVERRIDES: dict[str, int] = {}
 
@@ -90,44 +96,49 @@ def as_block(x, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _token_step(
-    h,
+def _token_inputs(
     t,
     q_ptr,
     k_ptr,
-    v_ptr,
     g_ptr,
     beta_ptr,
-    o_ptr,
     scale,
     i_h,
     i_hv,
     o_k,
-    o_v,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
-    V: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice."""
+    """What token t gives every V slice of its head: q (normed, scaled), k (normed), the decay exp(g),
+    beta and q . k."""
     mask_k = o_k < K
-    mask_v = o_v < V
     b_q = tl.load(q_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
     b_k = tl.load(k_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    b_v = tl.load(v_ptr + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     b_g = tl.load(g_ptr + t * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta_ptr + t * HV + i_hv).to(tl.float32)
     if L2NORM:
         b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
         b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
     b_q = b_q * scale
-    h = h * tl.exp(b_g)
+    return b_q, b_k, tl.exp(b_g), b_beta, tl.sum(b_q * b_k)
+
+
+@triton.jit
+def _token_update(
+    h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV: tl.constexpr, V: tl.constexpr
+):
+    """One token of the recurrence on the state slice h [BK, BV]; writes the token's output slice, or
+    `fill` where the row is not served (`live` false)."""
+    mask_v = o_v < V
+    b_v = tl.load(v_ptr + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    h = h * decay
     hk = tl.sum(h * b_k[:, None], 0)
     hq = tl.sum(h * b_q[:, None], 0)
     b_u = b_beta * (b_v - hk)
     h += b_k[:, None] * b_u[None, :]
-    b_o = hq + tl.sum(b_q * b_k) * b_u
+    b_o = tl.where(live, hq + qk * b_u, fill)
     tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(b_o, o_ptr), mask=mask_v)
     return h
 
@@ -160,6 +171,54 @@ def _offsets_out_of_order(cu_ptr, N, T, BLOCK_N: tl.constexpr):
     return bad
 
 
+@triton.jit
+def _tokens(
+    h,
+    bos,
+    eos,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    o_ptr,
+    scale,
+    i_h,
+    i_hv,
+    o_k,
+    o_v,
+    live,
+    fill,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    L2NORM: tl.constexpr,
+):
+    """Tokens bos..eos of a row on the state slice h; a row that is not served only writes `fill`."""
+    if live:
+        if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
+            t = bos
+            while t < eos:
+                b_q, b_k, decay, b_beta, qk = _token_inputs(
+                    t, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
+                )
+                h = _token_update(h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
+                t += 1
+        else:
+            for t in range(bos, eos):
+                b_q, b_k, decay, b_beta, qk = _token_inputs(
+                    t, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
+                )
+                h = _token_update(h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
+    else:
+        t = bos
+        while t < eos:
+            tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as((o_v * 0).to(tl.float32) + fill, o_ptr), mask=o_v < V)
+            t += 1
+    return h
+
+
 @triton.jit(do_not_specialize=["T", "N", "SLOTS"])
 def _recurrent_kernel(
     q_ptr,
@@ -186,18 +245,25 @@ def _recurrent_kernel(
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    SLICES: tl.constexpr,
+    STAGES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     USE_POOL: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_HT: tl.constexpr,
     IS_VARLEN: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    """Grid (sequences, HV * V slices): sequences on axis 0, which has no 65535 limit."""
+    """Grid (sequences, HV * groups of SLICES V slices): sequences on axis 0, which has no 65535 limit.
+    A program checks its row once and walks its slices. With one token per sequence (ONE_TOKEN) the
+    walk is straight-line code per slice, so Triton pipelines it: the next slices' state loads are in
+    flight (through shared memory) while one slice is updated."""
     NV: tl.constexpr = (V + BV - 1) // BV
+    NG: tl.constexpr = (NV + SLICES - 1) // SLICES
     i_n = tl.program_id(0)
-    i_hv = tl.program_id(1) // NV
-    i_v = tl.program_id(1) % NV
+    i_hv = tl.program_id(1) // NG
+    i_g = tl.program_id(1) % NG
     i_h = i_hv // (HV // H)
     if IS_VARLEN:
         bos = tl.load(cu_ptr + i_n).to(tl.int64)
@@ -212,7 +278,6 @@ def _recurrent_kernel(
         eos = bos + T
         out_of_order = i_n * 0
     o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     mask_k = o_k < K
     if USE_POOL:
         slot = tl.load(slots_ptr + i_n).to(tl.int64)
@@ -236,71 +301,51 @@ def _recurrent_kernel(
         fill = 0.0  # unused: every row of a plain call is served
         row = i_n.to(tl.int64)
         load_k = mask_k
-    mask_load = load_k[:, None] & (o_v < V)[None, :]
-    mask_h = mask_k[:, None] & (o_v < V)[None, :]
     state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
-    p_h = o_k[:, None] * stride_hk + o_v[None, :] * stride_hv  # within one slot and head: 32-bit
-
-    h = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        h += tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
-    if live:
-        if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
-            t = bos
-            while t < eos:
-                h = _token_step(
-                    h,
-                    t,
-                    q_ptr,
-                    k_ptr,
-                    v_ptr,
-                    g_ptr,
-                    beta_ptr,
-                    o_ptr,
-                    scale,
-                    i_h,
-                    i_hv,
-                    o_k,
-                    o_v,
-                    H,
-                    HV,
-                    K,
-                    V,
-                    L2NORM,
-                )
-                t += 1
+    if ONE_TOKEN:
+        b_q, b_k, decay, b_beta, qk = _token_inputs(
+            bos, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
+        )
+    for j in tl.range(0, SLICES, num_stages=STAGES):
+        o_v = (i_g * SLICES + j) * BV + tl.arange(0, BV)
+        mask_load = load_k[:, None] & (o_v < V)[None, :]
+        mask_h = mask_k[:, None] & (o_v < V)[None, :]
+        p_h = o_k[:, None] * stride_hk + o_v[None, :] * stride_hv  # within one slot and head: 32-bit
+        h = tl.zeros([BK, BV], dtype=tl.float32)
+        if HAS_H0:
+            h += tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
+        if ONE_TOKEN:
+            # served or not, the row runs its step (a branch would stop the pipelining); an unserved
+            # row writes `fill` and its state is never stored
+            h = _token_update(h, b_q, b_k, decay, b_beta, qk, bos, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
         else:
-            for t in range(bos, eos):
-                h = _token_step(
-                    h,
-                    t,
-                    q_ptr,
-                    k_ptr,
-                    v_ptr,
-                    g_ptr,
-                    beta_ptr,
-                    o_ptr,
-                    scale,
-                    i_h,
-                    i_hv,
-                    o_k,
-                    o_v,
-                    H,
-                    HV,
-                    K,
-                    V,
-                    L2NORM,
-                )
-    else:
-        # a padding or refused pool row: no recurrence, its outputs are fill
-        t = bos
-        while t < eos:
-            tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(tl.zeros([BV], tl.float32) + fill, o_ptr), mask=o_v < V)
-            t += 1
-    if STORE_HT:
-        if not USE_POOL:
-            h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, float("nan"))
-        tl.store(ht_ptr + state_base + p_h, h.to(ht_ptr.dtype.element_ty), mask=mask_h)
+            h = _tokens(
+                h,
+                bos,
+                eos,
+                q_ptr,
+                k_ptr,
+                v_ptr,
+                g_ptr,
+                beta_ptr,
+                o_ptr,
+                scale,
+                i_h,
+                i_hv,
+                o_k,
+                o_v,
+                live,
+                fill,
+                H,
+                HV,
+                K,
+                V,
+                L2NORM,
+            )
+        if STORE_HT:
+            if not USE_POOL:
+                h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, float("nan"))
+            tl.store(ht_ptr + state_base + p_h, h.to(ht_ptr.dtype.element_ty), mask=mask_h)
 
 
 @dataclass(frozen=True)
@@ -309,31 +354,47 @@ class LaunchConfig:
     BV: int
     num_warps: int
     BLOCK_N: int
+    # V slices one program walks, and the depth of the pipeline over them (one token per sequence)
+    SLICES: int = 1
+    STAGES: int = 1
 
 
-def launch_config(N: int, HV: int, K: int, V: int, device: torch.device) -> LaunchConfig:
-    """Wide V slices (fewer redundant q/k loads) unless the grid would then be too small to keep the
-    GPU's memory system busy; 128 state elements per thread.
+def launch_config(N: int, HV: int, K: int, V: int, device: torch.device, one_token: bool = False) -> LaunchConfig:
+    """Several tokens per sequence: wide V slices (fewer redundant q/k loads) unless the grid would
+    then be too small to keep the GPU's memory system busy, 128 state elements per thread, one slice per
+    program. One token per sequence (a decode step): narrow slices, PIPELINED_ELEMENTS per thread, each
+    program walking as many slices as leaves PIPELINED_PROGRAMS_PER_SM programs, through a pipeline of
+    PIPELINED_STAGES.
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
-    return _launch_config(N, HV, K, V, processors(device), tuple(sorted(OVERRIDES.items())))
+    return _launch_config(N, HV, K, V, processors(device), one_token, tuple(sorted(OVERRIDES.items())))
 
 
 @functools.lru_cache(maxsize=256)
-def _launch_config(N: int, HV: int, K: int, V: int, sms: int, overrides: tuple) -> LaunchConfig:
-    BK = next_power_of_2(K)
-    BV = min(MAX_BV, next_power_of_2(V))
-    wanted = PROGRAMS_PER_SM * sms
-    while BV > MIN_BV and N * HV * cdiv(V, BV) < wanted:
-        BV //= 2
-    while BV > 1 and BK * BV > MAX_TILE:
-        BV //= 2
+def _launch_config(N: int, HV: int, K: int, V: int, sms: int, one_token: bool, overrides: tuple) -> LaunchConfig:
     unknown = {name for name, _ in overrides} - {f.name for f in fields(LaunchConfig)}
     if unknown:
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
-    warps = max(1, min(8, BK * BV // (32 * ELEMENTS_PER_THREAD)))
-    cfg = replace(LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=0), **dict(overrides))
+    BK = next_power_of_2(K)
+    if one_token:
+        BV = min(PIPELINED_BV, next_power_of_2(V))
+        cfg = LaunchConfig(BK=BK, BV=BV, num_warps=max(1, min(8, BK * BV // (32 * PIPELINED_ELEMENTS))), BLOCK_N=0)
+        cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
+        slices = next_power_of_2(cdiv(V, cfg.BV))
+        while slices > 1 and N * HV * cdiv(cdiv(V, cfg.BV), slices) < PIPELINED_PROGRAMS_PER_SM * sms:
+            slices //= 2
+        cfg = replace(cfg, SLICES=slices, STAGES=PIPELINED_STAGES if slices > 1 else 1)
+    else:
+        BV = min(MAX_BV, next_power_of_2(V))
+        wanted = PROGRAMS_PER_SM * sms
+        while BV > MIN_BV and N * HV * cdiv(V, BV) < wanted:
+            BV //= 2
+        while BV > 1 and BK * BV > MAX_TILE:
+            BV //= 2
+        warps = max(1, min(8, BK * BV // (32 * ELEMENTS_PER_THREAD)))
+        cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=0)
+    cfg = replace(cfg, **dict(overrides))
     return cfg if cfg.BLOCK_N else replace(cfg, BLOCK_N=THREADS_PER_WARP * cfg.num_warps)
 
 
@@ -356,8 +417,9 @@ def _launch(
     q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()
     # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
     o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
-    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device)
-    grid = (shapes.N, shapes.HV * cdiv(shapes.V, cfg.BV))
+    one_token = shapes.T == 1 and cu_seqlens is None
+    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device, one_token)
+    grid = (shapes.N, shapes.HV * cdiv(cdiv(shapes.V, cfg.BV), cfg.SLICES))
     with device_guard(q):
         launch(_recurrent_kernel, grid)(
             q,
@@ -381,11 +443,14 @@ def _launch(
             V=shapes.V,
             BK=cfg.BK,
             BV=cfg.BV,
+            SLICES=cfg.SLICES,
+            STAGES=cfg.STAGES,
             BLOCK_N=cfg.BLOCK_N,
             USE_POOL=slots is not None,
             HAS_H0=h0 is not None,
             STORE_HT=ht is not None,
             IS_VARLEN=cu_seqlens is not None,
+            ONE_TOKEN=one_token,
             L2NORM=l2norm,
             num_warps=cfg.num_warps,
         )
