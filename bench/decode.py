@@ -49,13 +49,12 @@ H, HV, K, V = 16, 32, 128, 128
 SWEEP = [
     {"SLICES": 1, "STAGES": 1},
     {"SLICES": 2},
-    {"SLICES": 4},
     {"STAGES": 2},
     {"STAGES": 4},
-    {"BV": 8},
-    {"BV": 16, "num_warps": 2},
-    {"BV": 32, "num_warps": 2},
-    {"BV": 32, "num_warps": 1, "STAGES": 2},
+    {"BV": 16, "num_warps": 1},
+    {"BV": 32, "num_warps": 1},
+    {"BV": 32, "num_warps": 4},
+    {"BV": 64, "num_warps": 4},
 ]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"

@@ -372,10 +372,10 @@ def test_launch_config_heuristic(monkeypatch):
         cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True)
         return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES
 
-    assert walk(256) == (16, 1, 8, 3)  # 8192 programs walking all 8 slices of a head
-    assert walk(64) == (16, 1, 2, 3)  # 2048 * 4 programs of 2 slices: several waves still
-    assert walk(1) == (16, 1, 1, 1)  # too few sequences to walk: one slice a program, nothing to pipeline
-    assert walk(256, K=256) == (16, 2, 8, 3)  # 64 state elements a thread
+    assert walk(256) == (32, 2, 4, 3)  # 8192 programs walking all 4 slices of a head
+    assert walk(64) == (32, 2, 1, 1)  # 2048 walks would be short of programs: one slice each
+    assert walk(1) == (32, 2, 1, 1)
+    assert walk(256, K=256) == (32, 4, 4, 3)  # 64 state elements a thread
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
