@@ -17,7 +17,7 @@ A decode step (one token per sequence, no cu_seqlens) is the serving hot path. T
 its row once and walks several slices in a loop that Triton pipelines (the next slices' state loads go
 through shared memory while one slice updates; no registers held for them), so a half-precision pool,
 whose tiles arrive in half the time, keeps more of them in flight. On the H200 (2026-12-02, B = 256)
-that took a bf16 pool from 0.242 to 0.216 ms and left an fp32 pool at 0.321 ms: a bf16 pool is 1.48x
+that took a bf16 pool from 0.242 to 0.214 ms and left an fp32 pool at 0.319 ms: a bf16 pool is 1.49x
 as fast as an fp32 one, not the 2x its bytes allow (ncu of the one-slice kernel: 8 warps an SM, held
 by registers, and DRAM 45% busy with a bf16 pool).
 
@@ -75,8 +75,10 @@ PROGRAMS_PER_SM = 4
 THREADS_PER_WARP = 32
 # One token per sequence: 32-column slices over 2 warps (64 state elements a thread), about this many
 # programs per SM, and loads three slices deep. Swept on the H200 (Triton 3.6, HV = 32, K = V = 128,
-# B = 256, 2026-12-02): 0.321 / 0.216 ms with an fp32 / bf16 pool, against 0.322 / 0.242 for one
-# 128 x 32 slice per one-warp program; 16-column walks on one warp were slower (0.47 / 0.39 ms).
+# B = 256, 2026-12-02, bench/results/decode-2026-12-02.json): 0.319 / 0.214 ms with an fp32 / bf16
+# pool, against 0.322 / 0.242 for one 128 x 32 slice per one-warp program; 16-column walks on one warp
+# were slower (0.47 / 0.39 ms). Faster in that sweep, not yet through the GPU tests: 64-column slices
+# over 4 warps for fp32 (0.299 ms), walks of two slices for bf16 (0.195 ms).
 PIPELINED_BV = 32
 PIPELINED_ELEMENTS = 64
 PIPELINED_PROGRAMS_PER_SM = 32
