@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from typing import ClassVar
 
 import pytest
@@ -114,6 +115,33 @@ DENSE_CASES = [
     (70, 2, 4, 16, 16, True, False, 0.5),
     (40, 1, 3, 32, 32, False, True, None),
 ]
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_the_backward_keeps_only_the_normalized_inputs_the_gates_and_the_wy_inverse(l2norm, gen):
+    """Beyond the inputs themselves, the forward keeps for the backward only q and k normalized and
+    their rstd (with the l2norm), the chunk-local cumulative gate (fp32) and the WY inverse T
+    [B, T, HV, 64] in k's dtype: the set FlashQLA 0.1.3 keeps (read from its source). The chunk states,
+    the WY factors and v_new are recomputed, never kept."""
+    B, T, H, HV, K, V = 2, 70, 2, 4, 32, 16
+    inputs = make_inputs(gen, T, H, HV, K, V, B=B, dtype=torch.bfloat16)
+    leaves = [x.to(DEVICE).requires_grad_() for x in inputs]
+    given = {x.untyped_storage().data_ptr() for x in leaves}
+    kept: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage().data_ptr() not in given:
+            kept.append(t)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        triton_op(*leaves[:5], initial_state=leaves[5], output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
+    found = Counter((tuple(t.shape), t.dtype) for t in kept)
+    wanted = Counter({((B, T, HV), torch.float32): 1, ((B, T, HV, 64), torch.bfloat16): 1})
+    if l2norm:
+        wanted += Counter({((B, T, H), torch.float32): 2, ((B, T, H, K), torch.bfloat16): 2})
+    assert found == wanted
 
 
 @pytest.mark.shape_grid
