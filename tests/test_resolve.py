@@ -352,6 +352,25 @@ def test_probe_names_a_bad_forward_even_without_autograd_graph(kind):
     assert WRONG[kind][1] in report.reason
 
 
+@pytest.mark.parametrize("op", ["fused_recurrent_gated_delta_rule_update", "fused_recurrent_gated_delta_rule"])
+def test_probe_rejects_a_decode_kernel_wrong_only_for_one_token_steps(op):
+    """A decode step (one token per sequence) may run its own kernel path: the probe has a case of it,
+    so a backend right for longer calls and wrong there is rejected, by that case."""
+    eager = EAGER.ops[op]
+
+    def wrong_steps(call):
+        result = eager(call)
+        if call.shapes.T != 1:
+            return result
+        o = result[0] if isinstance(result, tuple) else result
+        bad = o * 1.5
+        return (bad, *result[1:]) if isinstance(result, tuple) else bad
+
+    report = numeric_probe.probe_op(op, wrong_steps, CPU, with_grad=False)
+    assert report.passed is False
+    assert report.reason.startswith("pool_step." if op.endswith("_update") else "step."), report.reason
+
+
 # ---------------------------------------------------------------------------------------------------
 # a correct backend is chosen
 

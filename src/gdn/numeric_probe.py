@@ -145,16 +145,28 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
             ),
             grads,
         )
+        if op == "fused_recurrent_gated_delta_rule":
+            # one token per sequence: a decode step, which a backend may serve by a path of its own
+            yield Case(
+                "step",
+                dict(
+                    **gdn_inputs(3, 1),
+                    initial_state=randn(3, HV, K, V, scale=0.1),
+                    output_final_state=True,
+                    use_qk_l2norm_in_kernel=cls.l2norm,
+                ),
+            )
     elif op == "fused_recurrent_gated_delta_rule_update":
-        yield Case(
-            "pool",
-            dict(
-                **gdn_inputs(3, 2),
-                ssm_pool=randn(5, 4, K, V, scale=0.1),
-                ssm_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
-                use_qk_l2norm_in_kernel=True,
-            ),
-        )
+        for name, T in (("pool", 2), ("pool_step", 1)):  # several tokens, and a decode step's one
+            yield Case(
+                name,
+                dict(
+                    **gdn_inputs(3, T),
+                    ssm_pool=randn(5, 4, K, V, scale=0.1),
+                    ssm_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
+                    use_qk_l2norm_in_kernel=True,
+                ),
+            )
     elif op == "causal_conv1d_fn":
         yield Case(
             "dense",
