@@ -113,6 +113,17 @@ ACCEPTED_LIMIT = 4096
 Checked = TypeVar("Checked", bound=Callable[..., Any])
 
 
+def _metadata(value: object) -> object:
+    """What the metadata checks read of one argument, hashable; None for an argument they may read more
+    of (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in full."""
+    kind = type(value)
+    if kind in PLAIN_TENSORS:
+        return (value.shape, value.dtype, value.device)
+    if kind in SCALARS:
+        return (kind, value)
+    return None
+
+
 def remember_accepted(check: Checked) -> Checked:
     """Validate each distinct signature once. The metadata checks read only the arguments' types,
     shapes, dtypes, devices and scalar values; a call whose arguments match those of a call already
@@ -123,19 +134,7 @@ def remember_accepted(check: Checked) -> Checked:
 
     @functools.wraps(check)
     def checked(*args: Any) -> Any:
-        # What the metadata checks read of each argument, hashable; None for an argument they may read
-        # more of (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then
-        # checked in full. Inline: a decode step builds this key every token.
-        key = tuple(
-            [
-                (a.shape, a.dtype, a.device)
-                if type(a) in PLAIN_TENSORS
-                else (type(a), a)
-                if type(a) in SCALARS
-                else None
-                for a in args
-            ]
-        )
+        key = tuple(map(_metadata, args))
         if None in key:
             return check(*args)
         hit = accepted.get(key)

@@ -24,8 +24,8 @@ by registers, and DRAM 45% busy with a bf16 pool).
 The token count is a runtime argument that Triton does not specialize, and no other argument changes
 with it (token offsets are computed in the kernel from constexpr head counts and dims), so a new
 length never compiles a new binary, except that a step of one token per sequence has its own
-(ONE_TOKEN: the pipelined walk), shared by every batch size. The pool's strides are passed as they are: they describe
-the pool, not the batch, and a pool may be a strided view into a larger cache.
+(ONE_TOKEN: the pipelined walk), shared by every batch size. The pool's strides are passed as they
+are: they describe the pool, not the batch, and a pool may be a strided view into a larger cache.
 
 The kernel checks the values a serving engine hands it, on the device, so that no call reads them on
 the host (a device-to-host copy stalls the host every step): a pool slot out of [-1, slots) or one that
@@ -312,7 +312,7 @@ def _recurrent_kernel(
         mask_k = load_k & (as_block(live.to(tl.int64), BK) > 0)
     else:
         live = True
-        fill = 0.0  # unused: every row of a plain call is served
+        fill = 0.0  # every row of a plain call is served
         row = i_n.to(tl.int64)
         load_k = mask_k
     state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
@@ -376,9 +376,9 @@ class LaunchConfig:
 def launch_config(N: int, HV: int, K: int, V: int, device: torch.device, one_token: bool = False) -> LaunchConfig:
     """Several tokens per sequence: wide V slices (fewer redundant q/k loads) unless the grid would
     then be too small to keep the GPU's memory system busy, 128 state elements per thread, one slice per
-    program. One token per sequence (a decode step): narrow slices, PIPELINED_ELEMENTS per thread, each
-    program walking as many slices as leaves PIPELINED_PROGRAMS_PER_SM programs, through a pipeline of
-    PIPELINED_STAGES.
+    program. One token per sequence (a decode step): PIPELINED_BV-column slices, PIPELINED_ELEMENTS per
+    thread, each program walking as many slices as leaves PIPELINED_PROGRAMS_PER_SM programs, through a
+    pipeline of PIPELINED_STAGES.
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
