@@ -115,10 +115,7 @@ def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
     finally:
         launching._Binary.run = original
     binary, (device, grid, args, kwargs) = captured[-1]
-    values = args if binary.positions is None else tuple(args[i] for i in binary.positions)
-    values = (*values, *(kwargs[name] for name in binary.keywords))
-    whole = (*grid, 1, 1)[:3]
-    stream = binary.stream(device)
+    values, whole, stream = binary.values(args, kwargs), launching.whole_grid(grid), binary.stream(device)
 
     def launcher_alone():
         binary.launcher(*whole, stream, binary.function, binary.packed_metadata, None, None, None, *values)

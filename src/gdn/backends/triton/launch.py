@@ -54,16 +54,23 @@ class _Binary:
     positions: tuple[int, ...] | None
     keywords: tuple[str, ...]
 
-    def run(self, device: int, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+    def values(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+        """A launch's arguments as the launcher takes them."""
         values = args if self.positions is None else tuple(args[i] for i in self.positions)
-        if self.keywords:
-            values = (*values, *(kwargs[name] for name in self.keywords))
-        # the binary's launch reads three grid dimensions; Triton's own path fills in the missing ones
-        whole = grid if len(grid) == 3 else (*grid, 1, 1)[:3]
+        return (*values, *(kwargs[name] for name in self.keywords)) if self.keywords else values
+
+    def run(self, device: int, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
+        values = self.values(args, kwargs)
+        whole = whole_grid(grid)
         if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
             self.compiled[whole](*values)
             return
         self.launcher(*whole, self.stream(device), self.function, self.packed_metadata, None, None, None, *values)
+
+
+def whole_grid(grid: tuple[int, ...]) -> tuple[int, int, int]:
+    """The grid in three dimensions: a binary's launch reads all three, Triton's own path fills them in."""
+    return grid if len(grid) == 3 else (*grid, 1, 1)[:3]
 
 
 _binaries: dict[tuple, _Binary | None] = {}
