@@ -19,9 +19,17 @@ import torch
 
 from gdn.backends.triton._common import flavour, is_interpreting
 from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, split_sequences
-from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
+from gdn.backends.triton.common.config import (
+    CHUNK,
+    Tiles,
+    could_split,
+    reverse_segment_length,
+    segment_length,
+    tiles_for,
+)
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
+from gdn.backends.triton.common.reverse import reverse_pass
 from gdn.backends.triton.common.state import state_backward, state_forward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
@@ -109,10 +117,19 @@ def _backward(
     exact_dot = _fp32_dot(torch.float32)
     h, v_new, _, maps = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
-    del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
-    dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
-    del h, dh, v_new
+    if tiles.fused_reverse:
+        # segments of its own only where the forward has none, so never maps that are not theirs
+        reverse_plan = _reverse_plan(plan, tiles, v.shape[2], q.device)
+        dq, dk, dv, dw, dG, dh0 = reverse_pass(
+            q, k, w, gc, do, dv, h, v_new, dht, want_dh0, scale, reverse_plan, tiles, fp32_dot, exact_dot, maps
+        )
+        del w, u, maps, h, v_new
+        dq, dk = _group_sum(dq, q.shape[2]), _group_sum(dk, q.shape[2])
+    else:
+        dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
+        del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
+        dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+        del h, dh, v_new
     dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
 
     if saved.use_qk_l2norm_in_kernel:
@@ -126,6 +143,21 @@ def _backward(
         dbeta.to(beta.dtype),
         None if dh0 is None else dh0.to(initial_state.dtype),
     )
+
+
+def _reverse_plan(plan: ChunkPlan, tiles: Tiles, HV: int, device: torch.device) -> ChunkPlan:
+    """The fused reverse pass's segments: the forward's split where it has one; else its own where one
+    program per sequence and value head would leave the device idle (config.reverse_segment_length)."""
+    if plan.split is not None:
+        return plan
+    length = reverse_segment_length(tiles, plan.num_sequences * HV, plan.longest, device)
+    return split_sequences(plan, length) if length else plan
+
+
+def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
+    """[B, T, HV, K] per value head -> [B, T, H, K], summed over each query/key head's group."""
+    B, T, HV, K = x.shape
+    return x if HV == H else x.view(B, T, H, HV // H, K).sum(3)
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):

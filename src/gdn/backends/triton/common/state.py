@@ -35,7 +35,7 @@ from gdn.backends.triton.launch import launch
 
 
 @triton.jit
-def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
+def chunk_gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
     """A chunk of n rows (gc at its first): its rows, their mask, the cumulative gate on them and at
     its last row."""
     o_t = tl.arange(0, BT)
@@ -67,7 +67,7 @@ def _fwd_update(
     u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = _gates(gc, n, HV, BT)
+    rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
     u_t = tl.load(u + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_u[None, :], other=0.0)
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
@@ -377,7 +377,7 @@ def _bwd_update(
     it); do and the local dv (columns o_v) read where m_in."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = _gates(gc, n, HV, BT)
+    rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
     m_tv = mt[:, None] & m_in[None, :]
     m_kt = mk[:, None] & mt[None, :]
     kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -577,7 +577,8 @@ def _state_pass(
     kernel,
     summary_kernel,
     reads: tuple,
-    writes: torch.Tensor,
+    writes: tuple,
+    dims: tuple[int, int, int],
     scalars: tuple,
     start: torch.Tensor | None,
     end: torch.Tensor | None,
@@ -588,14 +589,19 @@ def _state_pass(
     fp32_dot: str | None,
     exact_dot: str,
     maps: torch.Tensor | None = None,
+    whole_values: bool = False,
 ) -> torch.Tensor | None:
     """One state pass (forward, or backward with `reverse`) over the plan's segments: `kernel(*reads,
-    writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
+    *writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
     sequences first get their segments' summaries and seeds (`summary_kernel(*reads, summary,
     <segments>, *scalars)`, then the combine) -> the summaries, whose maps the backward reuses: its
     map of a segment is the forward's transposed, so with `maps` (the forward's summaries) its summary
-    kernel computes only the V columns."""
-    HV, K, V = writes.shape[1:]
+    kernel computes only the V columns.
+
+    dims: (HV, K, V); like: a [B, T, H, K] input; whole_values: the plain pass holds all of V in one
+    program per segment and value head (tiles.reverse_warps and reverse_stages), while the summaries and the combine
+    keep their slices."""
+    HV, K, V = dims
     N = plan.num_sequences
     segments = plan.segments()
     layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
@@ -636,9 +642,11 @@ def _state_pass(
             num_warps=narrow_slice_warps(tiles.combine_warps, bv),
         )
         start, end = seeds, None
+    if whole_values:
+        bv, warps = tiles.VP, dict(num_warps=tiles.reverse_warps, num_stages=tiles.reverse_stages)
     launch(kernel, (segments.count * HV, cdiv(V, bv)))(
         *reads,
-        writes,
+        *writes,
         _absent(like) if start is None else start,
         _absent(like) if end is None else end,
         *layout,
@@ -678,7 +686,8 @@ def state_forward(
             _state_fwd_kernel,
             _state_fwd_summary_kernel,
             (k, w, u, gc),
-            h,
+            (h,),
+            (HV, K, V),
             (k.shape[1],),
             initial_state,
             ht,
@@ -719,12 +728,38 @@ def state_backward(
     K = k.shape[3]
     dh = torch.empty(plan.num_chunks, HV, K, V, dtype=torch.float32, device=k.device)
     dh0 = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
+    reverse_state_pass(
+        _state_bwd_kernel, (q, k, w, gc, do, dv_local), (dh,), dht, dh0, scale, plan, tiles, fp32_dot, exact_dot, maps
+    )
+    return dh, dv_local, dh0
+
+
+def reverse_state_pass(
+    kernel,
+    reads: tuple,
+    writes: tuple,
+    dht: torch.Tensor | None,
+    dh0: torch.Tensor | None,
+    scale: float,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+    exact_dot: str,
+    maps: torch.Tensor | None,
+    whole_values: bool = False,
+) -> None:
+    """The backward's state pass: `kernel(q, k, w, gc, do, dv_local, *writes, start, end, <segments>,
+    scale, T)` (the reads), from dht (or zero) into dh0 (if given), split where the plan and
+    tiles.split_backward say, its summaries by the plain pass's own summary kernel (see _state_pass)."""
+    k, do = reads[1], reads[4]
+    dims = (do.shape[2], k.shape[3], do.shape[3])
     with device_guard(k):
         _state_pass(
-            _state_bwd_kernel,
+            kernel,
             _state_bwd_summary_kernel,
-            (q, k, w, gc, do, dv_local),
-            dh,
+            reads,
+            writes,
+            dims,
             (scale, k.shape[1]),
             dht,
             dh0,
@@ -735,5 +770,5 @@ def state_backward(
             fp32_dot,
             exact_dot,
             maps,
+            whole_values,
         )
-    return dh, dv_local, dh0
