@@ -264,7 +264,7 @@ def test_split_state_passes_in_half_precision(gen, monkeypatch):
 # (B or sequence bounds, T, H, HV, K, V, dtype, initial state, l2norm, split every so many chunks):
 # grouped value heads, padded K and V, packed sequences of one token and of none, half precision, and
 # split passes (a short last segment; packed, with an empty sequence).
-FUSED_REVERSE_CASES = [
+FUSED_CASES = [
     (1, 130, 1, 2, 64, 64, torch.float32, True, False, None),
     (2, 70, 2, 4, 16, 16, torch.float32, True, True, None),
     (1, 70, 1, 1, 60, 100, torch.float32, True, False, None),
@@ -279,23 +279,52 @@ FUSED_REVERSE_CASES = [
 
 
 @pytest.mark.shape_grid
-@pytest.mark.parametrize(
-    ("batch", "T", "H", "HV", "K", "V", "dtype", "with_state", "l2norm", "split"), FUSED_REVERSE_CASES
-)
-def test_fused_reverse_pass_matches_fp64_recurrence(
-    batch, T, H, HV, K, V, dtype, with_state, l2norm, split, gen, monkeypatch
+@pytest.mark.parametrize("fusion", ["fused_reverse", "fused_output"])
+@pytest.mark.parametrize(("batch", "T", "H", "HV", "K", "V", "dtype", "with_state", "l2norm", "split"), FUSED_CASES)
+def test_fused_passes_match_fp64_recurrence(
+    fusion, batch, T, H, HV, K, V, dtype, with_state, l2norm, split, gen, monkeypatch
 ):
-    """The reverse state pass that forms dq, dk, dw and the gate gradient itself (fused_reverse): the
-    output, the final state and every gradient, against the recurrence, as the sliced pass is."""
+    """The reverse state pass that forms dq, dk, dw and the gate gradient itself (fused_reverse; then
+    qk_grads never runs), and the forward pass that forms the output (fused_output; then the output
+    kernel never runs): the output, the final state and every gradient, against the recurrence, as
+    the stages apart are."""
     if split is not None:
         split_every(monkeypatch, split)
-    monkeypatch.setitem(config.OVERRIDES, "fused_reverse", 1)
-    monkeypatch.setattr(triton_chunk, "qk_grads", None)  # never reached
+    monkeypatch.setitem(config.OVERRIDES, fusion, 1)
+    monkeypatch.setattr(triton_chunk, "qk_grads" if fusion == "fused_reverse" else "chunk_output", None)
     bounds = batch if isinstance(batch, list) else None
     N = len(bounds) - 1 if bounds else batch
     inputs = make_inputs(gen, T, H, HV, K, V, B=1 if bounds else batch, N=N, dtype=dtype, with_state=with_state)
     tol_of = HALF_REDUCED_GRAD_TOL if dtype != torch.float32 else None
     check_against_recurrence(gen, inputs, TOL[dtype], cu_seqlens=bounds, scale=0.3, l2norm=l2norm, tol_of=tol_of)
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
+def test_fused_output_agrees_with_the_output_kernel(split, dtype, gen, monkeypatch):
+    """The forward pass's own output against the output kernel's over that pass's h and v_new, packed
+    sequences (one empty) with an initial state, and the same final state: to fp32 rounding (the same
+    products of the same bf16 roundings)."""
+    if split:
+        split_every(monkeypatch, 1)
+    H, HV, K, V = 1, 2, 32, 48
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, H, HV, K, V, N=3, dtype=dtype))
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
+    )
+    plan = triton_chunk._plan(call)
+    assert (plan.split is not None) == split
+    tiles, dot = config.tiles_for(K, V, k.element_size()), triton_chunk._fp32_dot(dtype)
+    exact = triton_chunk._fp32_dot(torch.float32)
+    gc, Ai = wy.wy_prepare(k, g, beta, HV, plan, tiles, dot)
+    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    o, final = state.state_forward_output(q, k, w, u.clone(), gc, h0, True, 0.3, v.dtype, plan, tiles, dot, exact)
+    h, v_new, ref_final, _ = state.state_forward(k, w, u, gc, h0, True, plan, tiles, dot, exact)
+    ref = output.chunk_output(q, k, v_new, h, gc, 0.3, v.dtype, plan, tiles, dot)
+    errors = {"o": rel_err(o, ref), "final_state": rel_err(final, ref_final)}
+    limit = 1e-5 if dtype == torch.float32 else 2e-4  # a GPU sums in another order
+    assert all(e < limit for e in errors.values()), errors
 
 
 @pytest.mark.shape_grid
@@ -438,9 +467,10 @@ for m in (wy, wy_bwd, output, qk_grads, l2norm):  # only the state kernels compi
             setattr(m, name, Recorder())
 
 
-def usage(K, V, H, HV, dtype, fused=False):
+def usage(K, V, H, HV, dtype, **knobs):
     # one sequence of 8192 tokens with an initial and a final state, forward and backward, split or not
-    config.OVERRIDES["fused_reverse"] = int(fused)
+    config.OVERRIDES.clear()
+    config.OVERRIDES.update(knobs)
     for m, name in kernels:
         setattr(m, name, Recorder())
     q, k = (torch.randn(1, 8192, H, K, dtype=dtype) for _ in range(2))
@@ -461,9 +491,10 @@ def usage(K, V, H, HV, dtype, fused=False):
 
 
 RESULT["bf16 K=128"] = usage(128, 128, 4, 8, torch.bfloat16)
-RESULT["bf16 K=128 fused"] = usage(128, 128, 4, 8, torch.bfloat16, fused=True)
-RESULT["fp32 K=128 fused"] = usage(128, 128, 4, 8, torch.float32, fused=True)
-RESULT["bf16 K=256"] = usage(256, 256, 16, 16, torch.bfloat16, fused=True)
+FUSED = dict(fused_reverse=1, fused_output=1)
+RESULT["bf16 K=128 fused"] = usage(128, 128, 4, 8, torch.bfloat16, **FUSED)
+RESULT["fp32 K=128 fused"] = usage(128, 128, 4, 8, torch.float32, **FUSED)
+RESULT["bf16 K=256"] = usage(256, 256, 16, 16, torch.bfloat16, fused_reverse=1)
 RESULT["fp32 K=256"] = usage(256, 256, 16, 16, torch.float32)
 """
 # an H200 SM's shared memory for one block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -474,10 +505,10 @@ H200_SHARED_BYTES = 232_448
 def test_state_kernels_compile_for_hopper():
     """The state passes through the NVIDIA compiler for sm_90 (the interpreter accepts some programs the
     compiler rejects, and knows no shared-memory limit): one sequence of 8192 tokens, bf16 with 8 heads
-    of 128 x 128 (split and whole; with the sliced and the fused reverse pass), bf16 and fp32 with 16
-    heads of 256 x 256 (never split, never fused). One binary per kernel, every one within an H200 SM's
-    shared memory, and no spills at K = 128 but in the fused pass (the combine's K x K map of fp32
-    spilled while it was held whole)."""
+    of 128 x 128 (split and whole; with the stages apart and fused), bf16 and fp32 with 16 heads of
+    256 x 256 (never split, the reverse pass never fused). One binary per kernel (two of the forward pass
+    where it forms the output), every one within an H200 SM's shared memory, and no spills at K = 128
+    but in the fused reverse pass (the combine's K x K map of fp32 spilled while it was held whole)."""
     result = run_on_hopper_compiler(STATE_SCENARIO)
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     plain = {"_state_fwd_kernel", "_state_bwd_kernel"}
@@ -487,7 +518,9 @@ def test_state_kernels_compile_for_hopper():
     # at K = V = 256 the whole state gradient cannot be held: the fused pass is off there
     assert set(result["bf16 K=256"]) == set(result["fp32 K=256"]) == plain
     for case, usage in result.items():
-        assert all(len(binaries) == 1 for binaries in usage.values()), (case, usage)
+        # with the fused output, the forward pass has a binary for the forward and one for the backward
+        fused_output = {"_state_fwd_kernel": 2} if case.endswith("fused") else {}
+        assert all(len(b) == fused_output.get(name, 1) for name, b in usage.items()), (case, usage)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
     spills = {n: u for n, b in result["bf16 K=128"].items() for u in b.values() if u["spill_bytes"] not in (0, None)}

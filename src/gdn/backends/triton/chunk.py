@@ -30,7 +30,7 @@ from gdn.backends.triton.common.config import (
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
 from gdn.backends.triton.common.reverse import reverse_pass
-from gdn.backends.triton.common.state import state_backward, state_forward
+from gdn.backends.triton.common.state import state_backward, state_forward, state_forward_output
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.compile_ahead import compile_ahead
@@ -93,11 +93,15 @@ def _forward(
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, final_state, _ = state_forward(
-        k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
-    )
-    del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
-    o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
+    states = (initial_state, output_final_state)
+    if tiles.fused_output:
+        o, final_state = state_forward_output(
+            q, k, w, u, gc, *states, scale, v.dtype, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
+        )
+    else:
+        h, v_new, final_state, _ = state_forward(k, w, u, gc, *states, plan, tiles, fp32_dot, _fp32_dot(torch.float32))
+        del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
+        o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
     kept = (q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
     return o, final_state, kept, _Saved(g.dtype, scale, plan, tiles, fp32_dot, use_qk_l2norm_in_kernel)
 

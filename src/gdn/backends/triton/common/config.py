@@ -73,6 +73,9 @@ class Tiles:
     # read back, and qk_grads does not run. Else dh is written for qk_grads (per V slice).
     fused_reverse: int
     reverse_warps: int
+    # Whether the forward's state pass forms the output as it goes (no h, no v_new written, no output
+    # kernel); the backward's recomputation writes h and v_new either way.
+    fused_output: int
     reverse_stages: int
 
 
@@ -119,6 +122,7 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         split_backward=1,
         fused_reverse=0,
         reverse_stages=1,
+        fused_output=0,
         **warps,
     )
 
@@ -173,6 +177,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         fused_reverse=0,
         reverse_warps=8,
         reverse_stages=1,
+        fused_output=0,
     )
 
 
