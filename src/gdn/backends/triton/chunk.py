@@ -5,6 +5,8 @@ Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
 are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk, dw and
 the gate gradient per chunk -> WY backward (dk, dv, dbeta, dg) -> l2norm backward.
+With `Tiles.fused_output` the forward's state pass forms the output itself; with `Tiles.fused_reverse`
+the reverse state pass forms dq, dk, dw and the gate gradient itself (common/reverse.py).
 
 Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
 per token and head) and the initial state.
