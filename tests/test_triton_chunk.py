@@ -775,6 +775,35 @@ def test_dry_run_of_a_class_that_can_split_warms_whole_and_split_passes(monkeypa
     assert launched <= warmed, f"launched, not warmed: {sorted(name for name, _ in launched - warmed)}"
 
 
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_dry_run_of_a_class_whose_fused_reverse_pass_can_split_warms_its_split(monkeypatch, gen):
+    """With the fused reverse pass, which splits by its own rule where the forward keeps sequences
+    whole (20 SMs, 4 value heads in 16-wide slices of V = 48: 12 forward programs, 4 fused ones), the
+    first call's dry run warms the backward with and without the split: a short call and a long one
+    of the class then launch nothing it did not warm."""
+    monkeypatch.setattr(config, "processors", lambda device: 20)
+    knobs = {"segment_chunks": 1, "segment_programs": 3, "state_bv_short": 16, "fused_reverse": 1}
+    monkeypatch.setattr(config, "OVERRIDES", knobs)
+    launches = Launches(monkeypatch)
+    short, _ = prepared_call(gen, 60, 2, 4, 32, 48, [0, 60])
+    long, _ = prepared_call(gen, 300, 2, 4, 32, 48, [0, 300])
+    tiles = config.tiles_for(32, 48, 2)
+    plans = {name: triton_chunk._plan(call) for name, call in (("short", short), ("long", long))}
+    assert all(plan.split is None for plan in plans.values())
+    assert triton_chunk._reverse_plan(plans["short"], tiles, 4, short.q.device).split is None
+    assert triton_chunk._reverse_plan(plans["long"], tiles, 4, long.q.device).split is not None
+    compile_ahead.dry_run(triton_chunk._dry_run_of(short, plans["short"])[1])
+    warmed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    launches.calls.clear()
+    for call in (short, long):
+        o, final = triton_chunk.chunk_gated_delta_rule(call)
+        (o.float().sum() + final.sum()).backward()
+    launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
+    assert {"_reverse_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"} <= {n for n, _ in launched}
+    assert launched <= warmed, f"launched, not warmed: {sorted(name for name, _ in launched - warmed)}"
+
+
 class _CountingCompileMode:
     """Stands in for Triton's asynchronous compile mode where there is none (the interpreter): counts
     the batches and which dry runs ran inside each."""

@@ -25,6 +25,7 @@ from gdn.backends.triton.common.config import (
     CHUNK,
     Tiles,
     could_split,
+    could_split_reverse,
     reverse_segment_length,
     segment_length,
     tiles_for,
@@ -109,9 +110,15 @@ def _forward(
 
 
 def _backward(
-    kept: tuple, saved: _Saved, do: torch.Tensor, dht: torch.Tensor | None, want_dh0: bool
+    kept: tuple,
+    saved: _Saved,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    want_dh0: bool,
+    reverse_plan: ChunkPlan | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """-> (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype."""
+    """-> (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype. reverse_plan: the fused
+    reverse pass's segments, where not its own rule's (a dry step's)."""
     q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd = kept
     plan, tiles, fp32_dot, scale = saved.plan, saved.tiles, saved.fp32_dot, saved.scale
     do = do.contiguous()
@@ -125,7 +132,7 @@ def _backward(
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
     if tiles.fused_reverse:
         # segments of its own only where the forward has none, so never maps that are not theirs
-        reverse_plan = _reverse_plan(plan, tiles, v.shape[2], q.device)
+        reverse_plan = reverse_plan or _reverse_plan(plan, tiles, v.shape[2], q.device)
         dq, dk, dv, dw, dG, dh0 = reverse_pass(
             q, k, w, gc, do, dv, h, v_new, dht, want_dh0, scale, reverse_plan, tiles, fp32_dot, exact_dot, maps
         )
@@ -224,20 +231,25 @@ def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
 
 def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
     """The forward's launches and, when a backward will follow, the backward's, on unwritten data; where
-    the class's state passes could split a sequence, with and without the split, so that neither a
-    longer nor a shorter call of the class compiles a binary of its own."""
+    the class's state passes could split a sequence, with and without the split (for the fused reverse
+    pass, which splits by its own rule, its backward alone), so that neither a longer nor a shorter call
+    of the class compiles a binary of its own."""
     h0 = call.initial_state
     s = call.shapes
-    plans = [plan]
-    if could_split(tiles_for(s.K, s.V, call.k.element_size()), s.HV, s.V, call.q.device):
-        whole = replace(plan, split=None)
+    tiles = tiles_for(s.K, s.V, call.k.element_size())
+    whole = replace(plan, split=None)
+    plans, reverse_plans = [plan], [None]
+    if could_split(tiles, s.HV, s.V, call.q.device):
         plans = [whole, split_sequences(whole, max(1, plan.longest))]
+    elif tiles.fused_reverse and could_split_reverse(tiles, s.HV, call.q.device):
+        reverse_plans = [whole, split_sequences(whole, max(1, plan.longest))]
     with torch.no_grad():
         for plan in plans:
             o, final_state, kept, saved = _forward(*_arguments(call, plan))
             if needs_grad:
                 dht = None if final_state is None else torch.empty_like(final_state)
-                _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
+                for reverse_plan in reverse_plans:
+                    _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad, reverse_plan)
             del o, final_state, kept  # not held while the next plan's buffers are allocated
 
 

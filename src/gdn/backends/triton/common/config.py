@@ -224,6 +224,11 @@ def reverse_segment_length(tiles: Tiles, sequences_x_heads: int, longest: int, d
     return _split_length(tiles, sequences_x_heads, longest, device)
 
 
+def could_split_reverse(tiles: Tiles, sequences_x_heads: int, device) -> bool:
+    """could_split for the fused reverse pass (one program per sequence and value head)."""
+    return _splits(tiles, sequences_x_heads, device)
+
+
 def _splits(tiles: Tiles, programs: int, device) -> bool:
     return tiles.segment_programs > 0 and tiles.KP <= MAX_SPLIT_KP and 8 * programs < 3 * processors(device)
 
