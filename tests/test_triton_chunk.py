@@ -262,8 +262,9 @@ def test_split_state_passes_in_half_precision(gen, monkeypatch):
 
 
 # (B or sequence bounds, T, H, HV, K, V, dtype, initial state, l2norm, split every so many chunks):
-# grouped value heads, padded K and V, packed sequences of one token and of none, half precision, and
-# split passes (a short last segment; packed, with an empty sequence).
+# grouped value heads, padded K and V, packed sequences of one token and of none, half precision (at
+# the models' 128 x 128 heads too), and split passes (a short last segment; packed, with an empty
+# sequence).
 FUSED_CASES = [
     (1, 130, 1, 2, 64, 64, torch.float32, True, False, None),
     (2, 70, 2, 4, 16, 16, torch.float32, True, True, None),
@@ -272,6 +273,7 @@ FUSED_CASES = [
     ([0, 1, 65, 130], 130, 1, 2, 64, 48, torch.float32, True, True, None),
     ([0, 17, 17, 90], 90, 1, 2, 32, 32, torch.float32, False, False, None),
     (1, 100, 1, 2, 64, 64, torch.bfloat16, True, True, None),
+    (1, 130, 1, 2, 128, 128, torch.bfloat16, True, True, None),
     (2, 200, 1, 2, 48, 40, torch.float32, True, True, 3),
     ([0, 0, 70, 300, 330], 330, 1, 2, 48, 40, torch.float32, True, False, 2),
     (1, 260, 1, 2, 64, 64, torch.bfloat16, True, True, 1),
