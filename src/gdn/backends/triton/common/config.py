@@ -129,7 +129,9 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
 
 def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # The qk_grads kernel has the most live [64, 64] accumulators and spills at 4 warps; 8 warps crash
-    # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
+    # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure). The
+    # fused reverse pass, which holds more, takes the same width (its 8 warps compiled only with 3.6
+    # and 3.9).
     wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
     # Measured on the H200 at the benchmark shapes (bf16, fwd+bwd): 3 pipeline stages are 3-10% faster
     # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 4-5% faster than
@@ -175,7 +177,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         # where 128 registers a thread is the limit); 128 KiB of shared memory at one stage, 257 KiB
         # at two, over the 227 KiB of an H200 SM.
         fused_reverse=0,
-        reverse_warps=8,
+        reverse_warps=wide,
         reverse_stages=1,
         fused_output=0,
     )
