@@ -137,7 +137,7 @@ def _backward(
             q, k, w, gc, do, dv, h, v_new, dht, want_dh0, scale, reverse_plan, tiles, fp32_dot, exact_dot, maps
         )
         del w, u, maps, h, v_new
-        dq, dk = _group_sum(dq, q.shape[2]), _group_sum(dk, q.shape[2])
+        dq = _group_sum(dq, q.shape[2])  # dk's value-head parts are summed by the WY backward
     else:
         dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
         del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
