@@ -13,8 +13,9 @@ and `qk_grads` form apart:
 
 with S the state entering the chunk (the recomputed forward's h). Each of dq, dk, dw and dG contracts
 over all of V, so a program that holds a slice of V could only form partial sums; holding all of it,
-the program never writes dS (the split pass writes it once per segment, as the plain one). dq and dk
-come out per value head; the caller sums each query/key head's group.
+the program writes no per-chunk dS (only the gradient entering each segment, as the sliced pass). dq
+and dk come out per value head: the WY backward sums dk's over each query/key head's group, the caller
+dq's.
 
 Split sequences go through `state.reverse_state_pass` as the sliced pass does: the segments' summaries
 and the combine give each segment the gradient leaving it.
