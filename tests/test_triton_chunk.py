@@ -229,20 +229,29 @@ def test_split_forward_with_a_whole_backward(gen, monkeypatch):
     check_against_recurrence(gen, inputs, TOL[torch.float32], l2norm=True)
 
 
+def packed_stage_inputs(gen, split: bool, dtype=torch.float32):
+    """For tests of single stages: three packed sequences of 0, 130 and 170 tokens (1 head, 2 value
+    heads, K = 32, V = 48) with an initial state, the call's plan (asserted split or not as `split`
+    says), tiles and dot precision, and the WY factors -> (q, k, v, h0, plan, tiles, dot, gc, w, u)."""
+    HV, K, V = 2, 32, 48
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, 1, HV, K, V, N=3, dtype=dtype))
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
+    )
+    plan = triton_chunk._plan(call)
+    assert (plan.split is not None) == split
+    tiles, dot = config.tiles_for(K, V, k.element_size()), triton_chunk._fp32_dot(dtype)
+    gc, Ai = wy.wy_prepare(k, g, beta, HV, plan, tiles, dot)
+    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    return q, k, v, h0, plan, tiles, dot, gc, w, u
+
+
 @pytest.mark.single_op
 def test_split_backward_reads_the_forward_maps_transposed(gen, monkeypatch):
     """The split backward takes each segment's map from the forward's summaries, transposed: the same dh,
     dv and initial-state gradient as when its summary kernel computes the maps itself."""
     split_every(monkeypatch, 1)
-    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, 1, 2, 32, 48, N=3))
-    call = PREPARE["chunk_gated_delta_rule"](
-        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
-    )
-    plan = triton_chunk._plan(call)
-    assert plan.split is not None
-    tiles, dot = config.tiles_for(32, 48, 4), triton_chunk._fp32_dot(torch.float32)
-    gc, Ai = wy.wy_prepare(k, g, beta, 2, plan, tiles, dot)
-    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, True)
     _, _, _, maps = state.state_forward(k, w, u, gc, h0, False, plan, tiles, dot, dot)
     do, dht = torch.randn_like(v), torch.randn_like(h0)
     dv = output.dv_local(q, k, gc, do, 0.3, plan, tiles, dot)
@@ -310,17 +319,8 @@ def test_fused_output_agrees_with_the_output_kernel(split, dtype, gen, monkeypat
     products of the same bf16 roundings)."""
     if split:
         split_every(monkeypatch, 1)
-    H, HV, K, V = 1, 2, 32, 48
-    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, H, HV, K, V, N=3, dtype=dtype))
-    call = PREPARE["chunk_gated_delta_rule"](
-        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
-    )
-    plan = triton_chunk._plan(call)
-    assert (plan.split is not None) == split
-    tiles, dot = config.tiles_for(K, V, k.element_size()), triton_chunk._fp32_dot(dtype)
+    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, split, dtype)
     exact = triton_chunk._fp32_dot(torch.float32)
-    gc, Ai = wy.wy_prepare(k, g, beta, HV, plan, tiles, dot)
-    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
     o, final = state.state_forward_output(q, k, w, u.clone(), gc, h0, True, 0.3, v.dtype, plan, tiles, dot, exact)
     h, v_new, ref_final, _ = state.state_forward(k, w, u, gc, h0, True, plan, tiles, dot, exact)
     ref = output.chunk_output(q, k, v_new, h, gc, 0.3, v.dtype, plan, tiles, dot)
@@ -376,16 +376,7 @@ def test_fused_reverse_pass_agrees_with_the_sliced_pass(split, dtype, gen, monke
     products; in bf16 too, where dk's product with the fp32 state gradient goes as two bf16 halves)."""
     if split:
         split_every(monkeypatch, 1)
-    H, HV, K, V = 1, 2, 32, 48
-    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, H, HV, K, V, N=3, dtype=dtype))
-    call = PREPARE["chunk_gated_delta_rule"](
-        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
-    )
-    plan = triton_chunk._plan(call)
-    assert (plan.split is not None) == split
-    tiles, dot = config.tiles_for(K, V, k.element_size()), triton_chunk._fp32_dot(dtype)
-    gc, Ai = wy.wy_prepare(k, g, beta, HV, plan, tiles, dot)
-    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, split, dtype)
     h, v_new, _, maps = state.state_forward(
         k, w, u, gc, h0, False, plan, tiles, dot, triton_chunk._fp32_dot(torch.float32)
     )
