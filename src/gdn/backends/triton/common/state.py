@@ -63,8 +63,9 @@ def _fwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it);
-    u's columns o_v read where m_u."""
+    """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it, and
+    what it loaded that the output also needs: k transposed, the cumulative gate, the row mask); u's
+    columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
     rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
@@ -73,7 +74,7 @@ def _fwd_update(
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
     v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
     kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
-    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT), kT, G, mt
 
 
 @triton.jit
@@ -109,10 +110,8 @@ def _fwd_step(
     m_tv = (rows < n)[:, None] & mv[None, :]
     if OUTPUT:
         S_in = cast_as(S, k)
-        v_new, S = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
-        _rows, mt, G, _G_last = chunk_gates(gc, n, HV, BT)
+        v_new, S, kT, G, mt = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
         qt = tl.load(q + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-        kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
         causal = (rows[:, None] >= rows[None, :]) & mt[:, None]
         P = cast_as(mma(qt, kT, FP32_DOT) * masked_exp(G[:, None] - G[None, :], causal), k)
         acc = mma(qt, S_in, FP32_DOT) * masked_exp(G, mt)[:, None]
@@ -120,7 +119,7 @@ def _fwd_step(
         tl.store(o + rows[:, None] * HV * V + o_v[None, :], cast_as(acc * scale, o), mask=m_tv)
     else:
         tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=mk[:, None] & mv[None, :])
-        v_new, S = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
+        v_new, S, _kT, _G, _mt = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
         tl.store(u + rows[:, None] * HV * V + o_v[None, :], cast_as(v_new, u), mask=m_tv)
     return (
         S,
@@ -260,12 +259,16 @@ def _state_fwd_summary_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i_t = 0
         while i_t < NT:
-            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            _v_new, S, _kT, _G, _mt = _fwd_update(
+                S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT
+            )
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
-            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
+            _v_new, S, _kT, _G, _mt = _fwd_update(
+                S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT
+            )
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
