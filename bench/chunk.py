@@ -86,18 +86,6 @@ SWEEP = [
     # memory access that ends the process's CUDA context.
     {"state_stages": 2, "state_bwd_stages": 2},
     {"state_stages": 1, "state_bwd_stages": 1},
-    # The fused reverse pass (qk_grads folded into the state backward, no fp32 dh; common/reverse.py):
-    # at its defaults (8 warps, one stage; its own split where 32 programs would idle the SMs), at 4
-    # warps, never split, and split for 3 programs per SM. ptxas (sm_90, CPU): 255 registers and about
-    # 1.5 KiB of spills at 8 warps, more at 4 and 16.
-    {"fused_reverse": 1},
-    {"fused_reverse": 1, "reverse_warps": 4},
-    {"fused_reverse": 1, "segment_programs": 0},
-    {"fused_reverse": 1, "segment_programs": 3},
-    # The forward pass forming the output (no h, no v_new, no output kernel in the forward): 255
-    # registers without spills and 166 KiB of shared memory at 32-wide slices (ptxas, sm_90, bf16).
-    {"fused_output": 1},
-    {"fused_output": 1, "fused_reverse": 1},
 ]
 PROFILED_REPS = 5
 

@@ -28,7 +28,7 @@ from gdn.backends.triton import compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
 from gdn.backends.triton.chunk_index import plan_chunks, split_sequences  # noqa: E402
-from gdn.backends.triton.common import config, output, qk_grads, reverse, state, wy, wy_bwd  # noqa: E402
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
 from test_triton_decode import run_on_hopper_compiler  # noqa: E402
@@ -41,7 +41,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # 9.4e-3; every other output and gradient at most 7.8e-3. A wrong term is off by O(1).
 HALF_REDUCED_GRAD_TOL = {"dg": 2e-2, "dbeta": 2e-2}
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, reverse, triton_l2norm)
+KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, triton_l2norm)
 
 
 def triton_op(q, k, v, g, beta, **kwargs):
@@ -229,29 +229,20 @@ def test_split_forward_with_a_whole_backward(gen, monkeypatch):
     check_against_recurrence(gen, inputs, TOL[torch.float32], l2norm=True)
 
 
-def packed_stage_inputs(gen, split: bool, dtype=torch.float32):
-    """For tests of single stages: three packed sequences of 0, 130 and 170 tokens (1 head, 2 value
-    heads, K = 32, V = 48) with an initial state, the call's plan (asserted split or not as `split`
-    says), tiles and dot precision, and the WY factors -> (q, k, v, h0, plan, tiles, dot, gc, w, u)."""
-    HV, K, V = 2, 32, 48
-    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, 1, HV, K, V, N=3, dtype=dtype))
-    call = PREPARE["chunk_gated_delta_rule"](
-        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
-    )
-    plan = triton_chunk._plan(call)
-    assert (plan.split is not None) == split
-    tiles, dot = config.tiles_for(K, V, k.element_size()), triton_chunk._fp32_dot(dtype)
-    gc, Ai = wy.wy_prepare(k, g, beta, HV, plan, tiles, dot)
-    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
-    return q, k, v, h0, plan, tiles, dot, gc, w, u
-
-
 @pytest.mark.single_op
 def test_split_backward_reads_the_forward_maps_transposed(gen, monkeypatch):
     """The split backward takes each segment's map from the forward's summaries, transposed: the same dh,
     dv and initial-state gradient as when its summary kernel computes the maps itself."""
     split_every(monkeypatch, 1)
-    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, True)
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 300, 1, 2, 32, 48, N=3))
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, g, beta, initial_state=h0, cu_seqlens=torch.tensor([0, 0, 130, 300], device=DEVICE)
+    )
+    plan = triton_chunk._plan(call)
+    assert plan.split is not None
+    tiles, dot = config.tiles_for(32, 48, 4), triton_chunk._fp32_dot(torch.float32)
+    gc, Ai = wy.wy_prepare(k, g, beta, 2, plan, tiles, dot)
+    w, u = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
     _, _, _, maps = state.state_forward(k, w, u, gc, h0, False, plan, tiles, dot, dot)
     do, dht = torch.randn_like(v), torch.randn_like(h0)
     dv = output.dv_local(q, k, gc, do, 0.3, plan, tiles, dot)
@@ -268,132 +259,6 @@ def test_split_state_passes_in_half_precision(gen, monkeypatch):
     split_every(monkeypatch, 1)
     inputs = make_inputs(gen, 260, 1, 2, 64, 64, dtype=torch.bfloat16)
     check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL)
-
-
-# (B or sequence bounds, T, H, HV, K, V, dtype, initial state, l2norm, split every so many chunks):
-# grouped value heads, padded K and V, packed sequences of one token and of none, half precision (at
-# the models' 128 x 128 heads too), and split passes (a short last segment; packed, with an empty
-# sequence).
-FUSED_CASES = [
-    (1, 130, 1, 2, 64, 64, torch.float32, True, False, None),
-    (2, 70, 2, 4, 16, 16, torch.float32, True, True, None),
-    (1, 70, 1, 1, 60, 100, torch.float32, True, False, None),
-    (1, 70, 1, 1, 100, 60, torch.float32, False, True, None),
-    ([0, 1, 65, 130], 130, 1, 2, 64, 48, torch.float32, True, True, None),
-    ([0, 17, 17, 90], 90, 1, 2, 32, 32, torch.float32, False, False, None),
-    (1, 100, 1, 2, 64, 64, torch.bfloat16, True, True, None),
-    (1, 130, 1, 2, 128, 128, torch.bfloat16, True, True, None),
-    (2, 200, 1, 2, 48, 40, torch.float32, True, True, 3),
-    ([0, 0, 70, 300, 330], 330, 1, 2, 48, 40, torch.float32, True, False, 2),
-    (1, 260, 1, 2, 64, 64, torch.bfloat16, True, True, 1),
-]
-
-
-@pytest.mark.shape_grid
-@pytest.mark.parametrize("fusion", ["fused_reverse", "fused_output"])
-@pytest.mark.parametrize(("batch", "T", "H", "HV", "K", "V", "dtype", "with_state", "l2norm", "split"), FUSED_CASES)
-def test_fused_passes_match_fp64_recurrence(
-    fusion, batch, T, H, HV, K, V, dtype, with_state, l2norm, split, gen, monkeypatch
-):
-    """The reverse state pass that forms dq, dk, dw and the gate gradient itself (fused_reverse; then
-    qk_grads never runs), and the forward pass that forms the output (fused_output; then the output
-    kernel never runs): the output, the final state and every gradient, against the recurrence, as
-    the stages apart are."""
-    if split is not None:
-        split_every(monkeypatch, split)
-    monkeypatch.setitem(config.OVERRIDES, fusion, 1)
-    monkeypatch.setattr(triton_chunk, "qk_grads" if fusion == "fused_reverse" else "chunk_output", None)
-    bounds = batch if isinstance(batch, list) else None
-    N = len(bounds) - 1 if bounds else batch
-    inputs = make_inputs(gen, T, H, HV, K, V, B=1 if bounds else batch, N=N, dtype=dtype, with_state=with_state)
-    tol_of = HALF_REDUCED_GRAD_TOL if dtype != torch.float32 else None
-    check_against_recurrence(gen, inputs, TOL[dtype], cu_seqlens=bounds, scale=0.3, l2norm=l2norm, tol_of=tol_of)
-
-
-@pytest.mark.single_op
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
-def test_fused_output_agrees_with_the_output_kernel(split, dtype, gen, monkeypatch):
-    """The forward pass's own output against the output kernel's over that pass's h and v_new, packed
-    sequences (one empty) with an initial state, and the same final state: to fp32 rounding (the same
-    products of the same bf16 roundings)."""
-    if split:
-        split_every(monkeypatch, 1)
-    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, split, dtype)
-    exact = triton_chunk._fp32_dot(torch.float32)
-    o, final = state.state_forward_output(q, k, w, u.clone(), gc, h0, True, 0.3, v.dtype, plan, tiles, dot, exact)
-    h, v_new, ref_final, _ = state.state_forward(k, w, u, gc, h0, True, plan, tiles, dot, exact)
-    ref = output.chunk_output(q, k, v_new, h, gc, 0.3, v.dtype, plan, tiles, dot)
-    errors = {"o": rel_err(o, ref), "final_state": rel_err(final, ref_final)}
-    limit = 1e-5 if dtype == torch.float32 else 2e-4  # a GPU sums in another order
-    assert all(e < limit for e in errors.values()), errors
-
-
-@pytest.mark.shape_grid
-@pytest.mark.parametrize(("bounds", "sms"), [(None, 10), ([0, 0, 70, 300, 330], 30)], ids=["dense", "packed"])
-def test_fused_reverse_pass_splits_where_the_forward_does_not(bounds, sms, gen, monkeypatch):
-    """The fused pass runs a program per sequence and value head where the forward runs one per V slice
-    too: with 2 value heads and 16-wide slices of V = 48, on 10 SMs for one sequence (30 for four), the
-    forward's 6 programs (24) keep the sequences whole and the fused pass's 2 (8) split them (segments
-    of its own, whose maps its summaries compute): the gradients as the recurrence's."""
-    monkeypatch.setattr(config, "processors", lambda device: sms)
-    knobs = {"segment_chunks": 1, "segment_programs": 3, "state_bv_short": 16, "fused_reverse": 1}
-    monkeypatch.setattr(config, "OVERRIDES", knobs)
-    N = 1 if bounds is None else len(bounds) - 1
-    inputs = make_inputs(gen, 330, 1, 2, 32, 48, N=N)
-    call = PREPARE["chunk_gated_delta_rule"](
-        *(x.to(DEVICE) for x in inputs[:5]),
-        cu_seqlens=None if bounds is None else torch.tensor(bounds, dtype=torch.int32, device=DEVICE),
-    )
-    plan = triton_chunk._plan(call)
-    reverse_plan = triton_chunk._reverse_plan(plan, config.tiles_for(32, 48, 4), 2, call.q.device)
-    assert plan.split is None and reverse_plan.split is not None and reverse_plan.split.count > N
-    check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=bounds, l2norm=True)
-
-
-@pytest.mark.single_op
-def test_fused_reverse_pass_splits_by_its_own_programs(monkeypatch):
-    """On 132 SMs: one sequence of 32 value heads (32 fused programs) splits into segments of 15 chunks
-    at 8,192 tokens (9 segments: 288 programs), where the forward's 128 programs of 32-wide slices keep
-    it whole; 4 x 32 heads do not split, nor a sequence within one segment, nor K over 128."""
-    monkeypatch.setattr(config, "processors", lambda device: 132)
-    monkeypatch.setattr(config, "OVERRIDES", {"state_bv": 64, "state_bv_short": 32, "state_bv_narrow": 16})
-    tiles, cpu = config.tiles_for(128, 128, 2), torch.device("cpu")
-    assert config.segment_length(tiles, 32, 128, 128, cpu) == 0
-    assert config.reverse_segment_length(tiles, 32, 128, cpu) == 15
-    assert config.reverse_segment_length(tiles, 128, 512, cpu) == 0
-    assert config.reverse_segment_length(tiles, 32, tiles.segment_chunks, cpu) == 0
-    assert config.reverse_segment_length(config.tiles_for(256, 128, 2), 4, 512, cpu) == 0
-
-
-@pytest.mark.single_op
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
-def test_fused_reverse_pass_agrees_with_the_sliced_pass(split, dtype, gen, monkeypatch):
-    """Kernel by kernel, packed sequences (one empty) with an initial state and a final-state gradient:
-    the fused pass's dq and dk (summed over the group), dv, dw, gate gradient and initial state
-    gradient against state_backward followed by qk_grads, to fp32 rounding (the two do the same
-    products; in bf16 too, where dk's product with the fp32 state gradient goes as two bf16 halves)."""
-    if split:
-        split_every(monkeypatch, 1)
-    q, k, v, h0, plan, tiles, dot, gc, w, u = packed_stage_inputs(gen, split, dtype)
-    h, v_new, _, maps = state.state_forward(
-        k, w, u, gc, h0, False, plan, tiles, dot, triton_chunk._fp32_dot(torch.float32)
-    )
-    do, dht = torch.randn_like(v), torch.randn_like(h0) * 10
-    dv = output.dv_local(q, k, gc, do, 0.3, plan, tiles, dot)
-    dh, dv_sliced, dh0 = state.state_backward(q, k, w, gc, do, dv.clone(), dht, True, 0.3, plan, tiles, dot, dot, maps)
-    dq, dk, dw, dG = qk_grads.qk_grads(q, k, v_new, h, dh, gc, do, dv_sliced, 0.3, plan, tiles, dot)
-    fused = reverse.reverse_pass(q, k, w, gc, do, dv.clone(), h, v_new, dht, True, 0.3, plan, tiles, dot, dot, maps)
-    f_dq, f_dk, f_dv, f_dw, f_dG, f_dh0 = fused
-    sliced = {"dq": dq, "dk": dk, "dv": dv_sliced, "dw": dw, "dG": dG.sum(-1), "dh0": dh0}
-    got = {"dq": f_dq.sum(2, keepdim=True), "dk": f_dk.sum(2, keepdim=True), "dv": f_dv, "dw": f_dw}
-    got |= {"dG": f_dG.sum(-1), "dh0": f_dh0}
-    errors = {name: rel_err(got[name], ref) for name, ref in sliced.items()}
-    # Under the interpreter the two agree exactly but for dG's order of sums (5e-8); on a GPU their sums
-    # over V go in another order. Dropping the low bf16 half costs dk and dG 1.6e-3.
-    limit = 1e-5 if dtype == torch.float32 else 2e-4
-    assert all(e < limit for e in errors.values()), errors
 
 
 @pytest.mark.single_op
@@ -443,29 +308,22 @@ STATE_SCENARIO = """
 import dataclasses
 
 from gdn.backends.triton import chunk, l2norm
-from gdn.backends.triton.common import config, output, qk_grads, reverse, state, wy, wy_bwd
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd
 from gdn.calls import PREPARE
 
 config.processors = lambda device: 132  # an H200's SMs: one sequence of 8 heads splits
 chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
-kernels = {
-    (m, n): f
-    for m in (state, reverse)
-    for n, f in vars(m).items()
-    if isinstance(f, JITFunction) and n.endswith("_kernel")
-}
+kernels = {n: f for n, f in vars(state).items() if isinstance(f, JITFunction) and n.endswith("_kernel")}
 for m in (wy, wy_bwd, output, qk_grads, l2norm):  # only the state kernels compile here
     for name, f in list(vars(m).items()):
         if isinstance(f, JITFunction) and name.endswith("_kernel"):
             setattr(m, name, Recorder())
 
 
-def usage(K, V, H, HV, dtype, **knobs):
+def usage(K, V, H, HV, dtype):
     # one sequence of 8192 tokens with an initial and a final state, forward and backward, split or not
-    config.OVERRIDES.clear()
-    config.OVERRIDES.update(knobs)
-    for m, name in kernels:
-        setattr(m, name, Recorder())
+    for name in kernels:
+        setattr(state, name, Recorder())
     q, k = (torch.randn(1, 8192, H, K, dtype=dtype) for _ in range(2))
     v, beta = torch.randn(1, 8192, HV, V, dtype=dtype), torch.rand(1, 8192, HV, dtype=dtype)
     h0 = torch.zeros(1, HV, K, V)
@@ -477,17 +335,14 @@ def usage(K, V, H, HV, dtype, **knobs):
             o, final, kept, saved = chunk._forward(*chunk._arguments(call, plan))
             chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final), True)
     found = {}
-    for (m, name), f in kernels.items():
-        for args, kwargs in getattr(m, name).launches:
+    for name, f in kernels.items():
+        for args, kwargs in getattr(state, name).launches:
             found.setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
     return found
 
 
 RESULT["bf16 K=128"] = usage(128, 128, 4, 8, torch.bfloat16)
-FUSED = dict(fused_reverse=1, fused_output=1)
-RESULT["bf16 K=128 fused"] = usage(128, 128, 4, 8, torch.bfloat16, **FUSED)
-RESULT["fp32 K=128 fused"] = usage(128, 128, 4, 8, torch.float32, **FUSED)
-RESULT["bf16 K=256"] = usage(256, 256, 16, 16, torch.bfloat16, fused_reverse=1)
+RESULT["bf16 K=256"] = usage(256, 256, 16, 16, torch.bfloat16)
 RESULT["fp32 K=256"] = usage(256, 256, 16, 16, torch.float32)
 """
 # an H200 SM's shared memory for one block (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -498,22 +353,16 @@ H200_SHARED_BYTES = 232_448
 def test_state_kernels_compile_for_hopper():
     """The state passes through the NVIDIA compiler for sm_90 (the interpreter accepts some programs the
     compiler rejects, and knows no shared-memory limit): one sequence of 8192 tokens, bf16 with 8 heads
-    of 128 x 128 (split and whole; with the stages apart and fused), bf16 and fp32 with 16 heads of
-    256 x 256 (never split, the reverse pass never fused). One binary per kernel (two of the forward pass
-    where it forms the output), every one within an H200 SM's shared memory, and no spills at K = 128
-    but in the fused reverse pass (the combine's K x K map of fp32 spilled while it was held whole)."""
+    of 128 x 128 (split and whole), bf16 and fp32 with 16 heads of 256 x 256 (never split). One binary
+    per kernel, every one within an H200 SM's shared memory, and no spills at K = 128 (the combine's
+    K x K map of fp32 spilled while it was held whole)."""
     result = run_on_hopper_compiler(STATE_SCENARIO)
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     plain = {"_state_fwd_kernel", "_state_bwd_kernel"}
-    fused = plain - {"_state_bwd_kernel"} | {"_reverse_kernel"}
     assert set(result["bf16 K=128"]) == plain | split
-    assert set(result["bf16 K=128 fused"]) == set(result["fp32 K=128 fused"]) == fused | split
-    # at K = V = 256 the whole state gradient cannot be held: the fused pass is off there
     assert set(result["bf16 K=256"]) == set(result["fp32 K=256"]) == plain
     for case, usage in result.items():
-        # with the fused output, the forward pass has a binary for the forward and one for the backward
-        fused_output = {"_state_fwd_kernel": 2} if case.endswith("fused") else {}
-        assert all(len(b) == fused_output.get(name, 1) for name, b in usage.items()), (case, usage)
+        assert all(len(binaries) == 1 for binaries in usage.values()), (case, usage)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
     spills = {n: u for n, b in result["bf16 K=128"].items() for u in b.values() if u["spill_bytes"] not in (0, None)}
@@ -629,16 +478,13 @@ LENGTHS = (4096, 4100, 4104, 4160, 5000)
 
 @pytest.mark.single_op
 @pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
-@pytest.mark.parametrize("fused", [False, True], ids=["sliced", "fused"])
 @pytest.mark.parametrize("split", [False, True], ids=["whole", "split"])
-def test_one_specialization_per_kernel_across_lengths(monkeypatch, split, fused):
+def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
     """Lengths in every divisibility class by 16, dense and packed, with the state passes over whole
-    sequences and split into segments, and either reverse pass: each kernel's launches must all map to
-    one compiled binary (T and the segments' sizes are not specialized, and no argument is derived from
-    them)."""
+    sequences and split into segments: each kernel's launches must all map to one compiled binary (T
+    and the segments' sizes are not specialized, and no argument is derived from them)."""
     if split:
         split_every(monkeypatch, 8)
-    monkeypatch.setitem(config.OVERRIDES, "fused_reverse", int(fused))
     launches = Launches(monkeypatch)
     keys: dict[int, dict[str, set[str]]] = {}
     for T in LENGTHS:
@@ -648,8 +494,7 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch, split, fused)
         for kernel, _, args, kwargs, _ in launches.calls:
             keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
     first = keys[LENGTHS[0]]
-    # the fused reverse pass stands for the sliced one and qk_grads
-    assert len([name for name in first if "l2norm" not in name]) == (11 if split else 8) - fused
+    assert len([name for name in first if "l2norm" not in name]) == (11 if split else 8)
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
@@ -765,35 +610,6 @@ def test_dry_run_of_a_class_that_can_split_warms_whole_and_split_passes(monkeypa
     assert {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"} <= {
         name for name, _ in launched
     }
-    assert launched <= warmed, f"launched, not warmed: {sorted(name for name, _ in launched - warmed)}"
-
-
-@pytest.mark.single_op
-@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
-def test_dry_run_of_a_class_whose_fused_reverse_pass_can_split_warms_its_split(monkeypatch, gen):
-    """With the fused reverse pass, which splits by its own rule where the forward keeps sequences
-    whole (20 SMs, 4 value heads in 16-wide slices of V = 48: 12 forward programs, 4 fused ones), the
-    first call's dry run warms the backward with and without the split: a short call and a long one
-    of the class then launch nothing it did not warm."""
-    monkeypatch.setattr(config, "processors", lambda device: 20)
-    knobs = {"segment_chunks": 1, "segment_programs": 3, "state_bv_short": 16, "fused_reverse": 1}
-    monkeypatch.setattr(config, "OVERRIDES", knobs)
-    launches = Launches(monkeypatch)
-    short, _ = prepared_call(gen, 60, 2, 4, 32, 48, [0, 60])
-    long, _ = prepared_call(gen, 300, 2, 4, 32, 48, [0, 300])
-    tiles = config.tiles_for(32, 48, 2)
-    plans = {name: triton_chunk._plan(call) for name, call in (("short", short), ("long", long))}
-    assert all(plan.split is None for plan in plans.values())
-    assert triton_chunk._reverse_plan(plans["short"], tiles, 4, short.q.device).split is None
-    assert triton_chunk._reverse_plan(plans["long"], tiles, 4, long.q.device).split is not None
-    compile_ahead.dry_run(triton_chunk._dry_run_of(short, plans["short"])[1])
-    warmed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
-    launches.calls.clear()
-    for call in (short, long):
-        o, final = triton_chunk.chunk_gated_delta_rule(call)
-        (o.float().sum() + final.sum()).backward()
-    launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
-    assert {"_reverse_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"} <= {n for n, _ in launched}
     assert launched <= warmed, f"launched, not warmed: {sorted(name for name, _ in launched - warmed)}"
 
 

@@ -5,8 +5,6 @@ Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
 are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk, dw and
 the gate gradient per chunk -> WY backward (dk, dv, dbeta, dg) -> l2norm backward.
-With `Tiles.fused_output` the forward's state pass forms the output itself; with `Tiles.fused_reverse`
-the reverse state pass forms dq, dk, dw and the gate gradient itself (common/reverse.py).
 
 Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
 per token and head) and the initial state.
@@ -21,19 +19,10 @@ import torch
 
 from gdn.backends.triton._common import flavour, is_interpreting
 from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, split_sequences
-from gdn.backends.triton.common.config import (
-    CHUNK,
-    Tiles,
-    could_split,
-    could_split_reverse,
-    reverse_segment_length,
-    segment_length,
-    tiles_for,
-)
+from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
-from gdn.backends.triton.common.reverse import reverse_pass
-from gdn.backends.triton.common.state import state_backward, state_forward, state_forward_output
+from gdn.backends.triton.common.state import state_backward, state_forward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.compile_ahead import compile_ahead
@@ -96,29 +85,19 @@ def _forward(
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    states = (initial_state, output_final_state)
-    if tiles.fused_output:
-        o, final_state = state_forward_output(
-            q, k, w, u, gc, *states, scale, v.dtype, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
-        )
-    else:
-        h, v_new, final_state, _ = state_forward(k, w, u, gc, *states, plan, tiles, fp32_dot, _fp32_dot(torch.float32))
-        del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
-        o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
+    h, v_new, final_state, _ = state_forward(
+        k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
+    )
+    del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
+    o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
     kept = (q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
     return o, final_state, kept, _Saved(g.dtype, scale, plan, tiles, fp32_dot, use_qk_l2norm_in_kernel)
 
 
 def _backward(
-    kept: tuple,
-    saved: _Saved,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    want_dh0: bool,
-    reverse_plan: ChunkPlan | None = None,
+    kept: tuple, saved: _Saved, do: torch.Tensor, dht: torch.Tensor | None, want_dh0: bool
 ) -> tuple[torch.Tensor, ...]:
-    """-> (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype. reverse_plan: the fused
-    reverse pass's segments, where not its own rule's (a dry step's)."""
+    """-> (dq, dk, dv, dg, dbeta, dh0 or None), each in its input's dtype."""
     q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd = kept
     plan, tiles, fp32_dot, scale = saved.plan, saved.tiles, saved.fp32_dot, saved.scale
     do = do.contiguous()
@@ -130,19 +109,10 @@ def _backward(
     exact_dot = _fp32_dot(torch.float32)
     h, v_new, _, maps = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-    if tiles.fused_reverse:
-        # segments of its own only where the forward has none, so never maps that are not theirs
-        reverse_plan = reverse_plan or _reverse_plan(plan, tiles, v.shape[2], q.device)
-        dq, dk, dv, dw, dG, dh0 = reverse_pass(
-            q, k, w, gc, do, dv, h, v_new, dht, want_dh0, scale, reverse_plan, tiles, fp32_dot, exact_dot, maps
-        )
-        del w, u, maps, h, v_new
-        dq = _group_sum(dq, q.shape[2])  # dk's value-head parts are summed by the WY backward
-    else:
-        dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
-        del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
-        dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
-        del h, dh, v_new
+    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
+    del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
+    dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+    del h, dh, v_new
     dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
 
     if saved.use_qk_l2norm_in_kernel:
@@ -156,21 +126,6 @@ def _backward(
         dbeta.to(beta.dtype),
         None if dh0 is None else dh0.to(initial_state.dtype),
     )
-
-
-def _reverse_plan(plan: ChunkPlan, tiles: Tiles, HV: int, device: torch.device) -> ChunkPlan:
-    """The fused reverse pass's segments: the forward's split where it has one; else its own where one
-    program per sequence and value head would leave the device idle (config.reverse_segment_length)."""
-    if plan.split is not None:
-        return plan
-    length = reverse_segment_length(tiles, plan.num_sequences * HV, plan.longest, device)
-    return split_sequences(plan, length) if length else plan
-
-
-def _group_sum(x: torch.Tensor, H: int) -> torch.Tensor:
-    """[B, T, HV, K] per value head -> [B, T, H, K], summed over each query/key head's group."""
-    B, T, HV, K = x.shape
-    return x if HV == H else x.view(B, T, H, HV // H, K).sum(3)
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
@@ -231,25 +186,20 @@ def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
 
 def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
     """The forward's launches and, when a backward will follow, the backward's, on unwritten data; where
-    the class's state passes could split a sequence, with and without the split (for the fused reverse
-    pass, which splits by its own rule, its backward alone), so that neither a longer nor a shorter call
-    of the class compiles a binary of its own."""
+    the class's state passes could split a sequence, with and without the split, so that neither a
+    longer nor a shorter call of the class compiles a binary of its own."""
     h0 = call.initial_state
     s = call.shapes
-    tiles = tiles_for(s.K, s.V, call.k.element_size())
-    whole = replace(plan, split=None)
-    plans, reverse_plans = [plan], [None]
-    if could_split(tiles, s.HV, s.V, call.q.device):
+    plans = [plan]
+    if could_split(tiles_for(s.K, s.V, call.k.element_size()), s.HV, s.V, call.q.device):
+        whole = replace(plan, split=None)
         plans = [whole, split_sequences(whole, max(1, plan.longest))]
-    elif tiles.fused_reverse and could_split_reverse(tiles, s.HV, call.q.device):
-        reverse_plans = [whole, split_sequences(whole, max(1, plan.longest))]
     with torch.no_grad():
         for plan in plans:
             o, final_state, kept, saved = _forward(*_arguments(call, plan))
             if needs_grad:
                 dht = None if final_state is None else torch.empty_like(final_state)
-                for reverse_plan in reverse_plans:
-                    _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad, reverse_plan)
+                _backward(kept, saved, torch.empty_like(o), dht, h0 is not None and h0.requires_grad)
             del o, final_state, kept  # not held while the next plan's buffers are allocated
 
 

@@ -36,10 +36,6 @@ SEGMENT_PROGRAMS = 2
 # K = 256 asked for 576 KiB of shared memory where an H200 SM has 227 KiB; its map products now go by
 # column slices, but nothing wider has been compiled or timed.
 MAX_SPLIT_KP = 128
-# The fused reverse pass holds a whole [K, V] fp32 state gradient in one program's registers: 64 KiB at
-# 128 x 128, a quarter of an SM's register file. At 256 x 256 it would be all of it, so it is not
-# used past 128 x 128, whatever the knobs say.
-MAX_FUSED_STATE = 128 * 128
 
 
 @dataclass(frozen=True)
@@ -47,7 +43,6 @@ class Tiles:
     BK: int  # K slice of the chunk-parallel stages
     BV: int  # V slice of the chunk-parallel stages
     KP: int  # K padded to a power of two: the state passes hold all of K
-    VP: int  # V padded likewise: the fused reverse pass holds all of V
     state_bv: int  # V slice of one state-pass program (the pass runs sequence x value head x V slice)
     state_bv_short: int  # the V slice when state_bv would leave SMs without a program (see state_slice)
     state_bv_narrow: int  # the V slice when even state_bv_short would leave most SMs idle
@@ -68,15 +63,6 @@ class Tiles:
     segment_chunks: int  # shortest segment (in chunks) where the state passes split a sequence
     segment_programs: int  # programs per SM that splitting aims at; 0 never splits
     split_backward: int  # whether the backward's state pass splits too (where the forward's does)
-    # Whether the backward's reverse state pass also forms dq, dk, dw and the gate gradient, one program
-    # per segment and value head holding the whole [K, V] state gradient: no fp32 dh is written and
-    # read back, and qk_grads does not run. Else dh is written for qk_grads (per V slice).
-    fused_reverse: int
-    reverse_warps: int
-    # Whether the forward's state pass forms the output as it goes (no h, no v_new written, no output
-    # kernel); the backward's recomputation writes h and v_new either way.
-    fused_output: int
-    reverse_stages: int
 
 
 def _padded(n: int) -> int:
@@ -94,10 +80,8 @@ def tiles_for(K: int, V: int, element_size: int) -> Tiles:
 @functools.cache
 def _tiles(KP: int, VP: int, element_size: int, interpreting: bool, overrides: tuple) -> Tiles:
     # every call asks (a chunk call two or three times): kept, as it only follows its arguments
-    tiles = replace(_interpreter_tiles(KP, VP) if interpreting else _gpu_tiles(KP, VP, element_size), **dict(overrides))
-    if KP * VP > MAX_FUSED_STATE:
-        tiles = replace(tiles, fused_reverse=0)
-    return tiles
+    tiles = _interpreter_tiles(KP, VP) if interpreting else _gpu_tiles(KP, VP, element_size)
+    return replace(tiles, **dict(overrides))
 
 
 def _interpreter_tiles(KP: int, VP: int) -> Tiles:
@@ -107,7 +91,6 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         BK=KP,
         BV=VP,
         KP=KP,
-        VP=VP,
         state_bv=VP,
         state_bv_short=VP,
         state_bv_narrow=VP,
@@ -120,18 +103,13 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
-        fused_reverse=0,
-        reverse_stages=1,
-        fused_output=0,
         **warps,
     )
 
 
 def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # The qk_grads kernel has the most live [64, 64] accumulators and spills at 4 warps; 8 warps crash
-    # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure). The
-    # fused reverse pass, which holds more, takes the same width (its 8 warps compiled only with 3.6
-    # and 3.9).
+    # the NVIDIA compiler of Triton 3.2 (LinearLayout assertion) and 3.3 (pass pipeline failure).
     wide = 8 if Version(triton.__version__).release >= (3, 4) else 4
     # Measured on the H200 at the benchmark shapes (bf16, fwd+bwd): 3 pipeline stages are 3-10% faster
     # than 2 in the state passes and 2-4% in the others, the WY backward at 4 warps 4-5% faster than
@@ -149,7 +127,6 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         BK=min(64, KP),
         BV=min(64, VP),
         KP=KP,
-        VP=VP,
         # The state passes are sequential over chunks: wide V slices load w, k and q once for more
         # columns, narrow ones give a short grid (one sequence: HV x V slices programs) more SMs.
         state_bv=min(64, VP),
@@ -172,14 +149,6 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
-        # Not timed on a GPU yet (bench/NOTES.md): off until it is. Compiled for sm_90 on a CPU (bf16,
-        # K = V = 128): 255 registers and about 1.5 KiB of spills at 8 warps (more at 4 and at 16,
-        # where 128 registers a thread is the limit); 128 KiB of shared memory at one stage, 257 KiB
-        # at two, over the 227 KiB of an H200 SM.
-        fused_reverse=0,
-        reverse_warps=wide,
-        reverse_stages=1,
-        fused_output=0,
     )
 
 
@@ -209,7 +178,8 @@ def could_split(tiles: Tiles, sequences_x_heads: int, V: int, device) -> bool:
     state_bv_short slices): where one program per sequence, head and slice would leave more than five
     eighths of the SMs idle. For one sequence, the kernel classes whose first call compiles the split's
     kernels."""
-    return _splits(tiles, sequences_x_heads * cdiv(V, tiles.state_bv_short), device)
+    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
+    return tiles.segment_programs > 0 and tiles.KP <= MAX_SPLIT_KP and 8 * programs < 3 * processors(device)
 
 
 def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, device) -> int:
@@ -217,28 +187,9 @@ def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, d
     programs per SM), or 0 where they do not, and for sequences within one segment. A function of the
     batch, the heads and the longest sequence's chunk count; the kernels take segment lengths as runtime
     arguments, so no length compiles a binary of its own."""
-    return _split_length(tiles, sequences_x_heads * cdiv(V, tiles.state_bv_short), longest, device)
-
-
-def reverse_segment_length(tiles: Tiles, sequences_x_heads: int, longest: int, device) -> int:
-    """segment_length for the fused reverse pass, which runs one program per sequence and value head (no
-    V slices): where the forward keeps its sequences whole, the fused pass may still split them."""
-    return _split_length(tiles, sequences_x_heads, longest, device)
-
-
-def could_split_reverse(tiles: Tiles, sequences_x_heads: int, device) -> bool:
-    """could_split for the fused reverse pass (one program per sequence and value head)."""
-    return _splits(tiles, sequences_x_heads, device)
-
-
-def _splits(tiles: Tiles, programs: int, device) -> bool:
-    return tiles.segment_programs > 0 and tiles.KP <= MAX_SPLIT_KP and 8 * programs < 3 * processors(device)
-
-
-def _split_length(tiles: Tiles, programs: int, longest: int, device) -> int:
-    """Chunks per segment for a pass of `programs` programs over whole sequences (see segment_length)."""
-    if not _splits(tiles, programs, device):
+    if not could_split(tiles, sequences_x_heads, V, device):
         return 0
+    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
     wanted = cdiv(tiles.segment_programs * processors(device), programs)
     length = max(tiles.segment_chunks, cdiv(longest, wanted))
     return length if longest > length else 0

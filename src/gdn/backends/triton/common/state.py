@@ -30,12 +30,12 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma, mma_acc
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
 
 @triton.jit
-def chunk_gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
+def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
     """A chunk of n rows (gc at its first): its rows, their mask, the cumulative gate on them and at
     its last row."""
     o_t = tl.arange(0, BT)
@@ -63,31 +63,27 @@ def _fwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it, and
-    what it loaded that the output also needs: k transposed, the cumulative gate, the row mask); u's
-    columns o_v read where m_u."""
+    """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it);
+    u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
+    rows, mt, G, G_last = _gates(gc, n, HV, BT)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
     u_t = tl.load(u + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_u[None, :], other=0.0)
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
     v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
     kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
-    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT), kT, G, mt
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
 
 
 @triton.jit
 def _fwd_step(
     S,
-    q,
     k,
     w,
     u,
     gc,
     h,
-    o,
-    scale,
     n,
     o_v,
     H: tl.constexpr,
@@ -96,41 +92,19 @@ def _fwd_step(
     V: tl.constexpr,
     BT: tl.constexpr,
     KP: tl.constexpr,
-    OUTPUT: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
     leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
-    overflows a 32-bit offset). Writes h and v_new (over u), or with OUTPUT the chunk's output
-    o = scale (q exp(G) S + P v_new) (chunk_output's, from the same bf16 roundings of S and v_new)."""
+    overflows a 32-bit offset)."""
     o_k = tl.arange(0, KP)
-    mk = o_k < K
     mv = o_v < V
+    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=(o_k < K)[:, None] & mv[None, :])
+    v_new, S = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
     rows = tl.arange(0, BT)
-    m_tv = (rows < n)[:, None] & mv[None, :]
-    if OUTPUT:
-        S_in = cast_as(S, k)
-        v_new, S, kT, G, mt = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
-        qt = tl.load(q + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
-        causal = (rows[:, None] >= rows[None, :]) & mt[:, None]
-        P = cast_as(mma(qt, kT, FP32_DOT) * masked_exp(G[:, None] - G[None, :], causal), k)
-        acc = mma(qt, S_in, FP32_DOT) * masked_exp(G, mt)[:, None]
-        acc = mma_acc(P, cast_as(v_new, k), acc, FP32_DOT)
-        tl.store(o + rows[:, None] * HV * V + o_v[None, :], cast_as(acc * scale, o), mask=m_tv)
-    else:
-        tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=mk[:, None] & mv[None, :])
-        v_new, S, _kT, _G, _mt = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
-        tl.store(u + rows[:, None] * HV * V + o_v[None, :], cast_as(v_new, u), mask=m_tv)
-    return (
-        S,
-        q + BT * H * K,
-        k + BT * H * K,
-        w + BT * HV * K,
-        u + BT * HV * V,
-        gc + BT * HV,
-        h + HV * K * V,
-        o + BT * HV * V,
-    )
+    p_u = u + rows[:, None] * HV * V + o_v[None, :]
+    tl.store(p_u, cast_as(v_new, u), mask=(rows < n)[:, None] & mv[None, :])
+    return S, k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV, h + HV * K * V
 
 
 @triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
@@ -139,10 +113,7 @@ def _state_fwd_kernel(
     w,
     u,
     gc,
-    q,
     h,
-    o,
-    scale,
     start,
     end,
     bounds,
@@ -160,12 +131,10 @@ def _state_fwd_kernel(
     HAS_START,
     STORE_END,
     IS_VARLEN,
-    OUTPUT: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program), or with
-    OUTPUT the output o instead (q is read only then), from the state entering each segment (start, or
-    zero); end: the state leaving each segment."""
+    """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program), from the
+    state entering each segment (start, or zero); end: the state leaving each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
     i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
@@ -175,11 +144,9 @@ def _state_fwd_kernel(
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     kv = o_k[:, None] * V + o_v[None, :]
     bos = bos.to(tl.int64)
-    q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
-    o += (bos * HV + i_hv) * V
     gc += bos * HV + i_hv
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
@@ -190,15 +157,11 @@ def _state_fwd_kernel(
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S, q, k, w, u, gc, h, o = _fwd_step(
-                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, OUTPUT, FP32_DOT
-            )
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S, q, k, w, u, gc, h, o = _fwd_step(
-                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, OUTPUT, FP32_DOT
-            )
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -259,16 +222,12 @@ def _state_fwd_summary_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i_t = 0
         while i_t < NT:
-            _v_new, S, _kT, _G, _mt = _fwd_update(
-                S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT
-            )
+            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
-            _v_new, S, _kT, _G, _mt = _fwd_update(
-                S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT
-            )
+            _v_new, S = _fwd_update(S, k, w, u, gc, T_s - i_t * BT, o_c, m_u, H, HV, K, V, BT, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
@@ -418,7 +377,7 @@ def _bwd_update(
     it); do and the local dv (columns o_v) read where m_in."""
     o_k = tl.arange(0, KP)
     mk = o_k < K
-    rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
+    rows, mt, G, G_last = _gates(gc, n, HV, BT)
     m_tv = mt[:, None] & m_in[None, :]
     m_kt = mk[:, None] & mt[None, :]
     kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -618,8 +577,7 @@ def _state_pass(
     kernel,
     summary_kernel,
     reads: tuple,
-    own: tuple,
-    dims: tuple[int, int, int],
+    writes: torch.Tensor,
     scalars: tuple,
     start: torch.Tensor | None,
     end: torch.Tensor | None,
@@ -630,20 +588,14 @@ def _state_pass(
     fp32_dot: str | None,
     exact_dot: str,
     maps: torch.Tensor | None = None,
-    whole_values: bool = False,
-    constants: dict | None = None,
 ) -> torch.Tensor | None:
     """One state pass (forward, or backward with `reverse`) over the plan's segments: `kernel(*reads,
-    *own, start, end, <segments>, *scalars, **constants)`, from start (or zero) into end (if given). Split
+    writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
     sequences first get their segments' summaries and seeds (`summary_kernel(*reads, summary,
     <segments>, *scalars)`, then the combine) -> the summaries, whose maps the backward reuses: its
     map of a segment is the forward's transposed, so with `maps` (the forward's summaries) its summary
-    kernel computes only the V columns.
-
-    dims: (HV, K, V); like: a [B, T, H, K] input; whole_values: the plain pass holds all of V in one
-    program per segment and value head (tiles.reverse_warps and reverse_stages), while the summaries and the combine
-    keep their slices."""
-    HV, K, V = dims
+    kernel computes only the V columns."""
+    HV, K, V = writes.shape[1:]
     N = plan.num_sequences
     segments = plan.segments()
     layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
@@ -684,11 +636,9 @@ def _state_pass(
             num_warps=narrow_slice_warps(tiles.combine_warps, bv),
         )
         start, end = seeds, None
-    if whole_values:
-        bv, warps = tiles.VP, dict(num_warps=tiles.reverse_warps, num_stages=tiles.reverse_stages)
     launch(kernel, (segments.count * HV, cdiv(V, bv)))(
         *reads,
-        *own,
+        writes,
         _absent(like) if start is None else start,
         _absent(like) if end is None else end,
         *layout,
@@ -699,7 +649,6 @@ def _state_pass(
         STORE_END=int(end is not None),
         FP32_DOT=fp32_dot,
         **warps,
-        **(constants or {}),
     )
     return summary
 
@@ -720,63 +669,16 @@ def state_forward(
     the split segments' summaries or None: state_backward's `maps`).
 
     exact_dot: the fp32 precision of the products that combine split sequences' segments."""
-    HV, K, V = u.shape[2], k.shape[3], u.shape[3]
+    HV, V = u.shape[2], u.shape[3]
+    K = k.shape[3]
     h = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
-    own = (_absent(k), h, _absent(k), 1.0)
-    states = (initial_state, output_final_state)
-    ht, maps = _forward_pass(k, w, u, gc, own, False, *states, plan, tiles, fp32_dot, exact_dot)
-    return h, u, ht, maps
-
-
-def state_forward_output(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
-    gc: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    scale: float,
-    out_dtype: torch.dtype,
-    plan: ChunkPlan,
-    tiles: Tiles,
-    fp32_dot: str | None,
-    exact_dot: str,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward pass forming the output as it goes (`Tiles.fused_output`): neither h nor v_new is
-    written. -> (o [B, T, HV, V] in out_dtype, final state fp32 or None)."""
-    o = torch.empty(u.shape, dtype=out_dtype, device=u.device)
-    own = (q, _absent(k), o, scale)
-    states = (initial_state, output_final_state)
-    ht, _ = _forward_pass(k, w, u, gc, own, True, *states, plan, tiles, fp32_dot, exact_dot)
-    return o, ht
-
-
-def _forward_pass(
-    k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
-    gc: torch.Tensor,
-    own: tuple,
-    output: bool,
-    initial_state: torch.Tensor | None,
-    output_final_state: bool,
-    plan: ChunkPlan,
-    tiles: Tiles,
-    fp32_dot: str | None,
-    exact_dot: str,
-) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """own: (q, h, o, scale) of _state_fwd_kernel, which writes o where output, else h. -> (final
-    state, maps)."""
-    HV, K, V = u.shape[2], k.shape[3], u.shape[3]
     ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     with device_guard(k):
         maps = _state_pass(
             _state_fwd_kernel,
             _state_fwd_summary_kernel,
             (k, w, u, gc),
-            own,
-            (HV, K, V),
+            h,
             (k.shape[1],),
             initial_state,
             ht,
@@ -786,9 +688,8 @@ def _forward_pass(
             tiles,
             fp32_dot,
             exact_dot,
-            constants=dict(OUTPUT=output),
         )
-    return ht, maps
+    return h, u, ht, maps
 
 
 def state_backward(
@@ -818,38 +719,12 @@ def state_backward(
     K = k.shape[3]
     dh = torch.empty(plan.num_chunks, HV, K, V, dtype=torch.float32, device=k.device)
     dh0 = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
-    reverse_state_pass(
-        _state_bwd_kernel, (q, k, w, gc, do, dv_local), (dh,), dht, dh0, scale, plan, tiles, fp32_dot, exact_dot, maps
-    )
-    return dh, dv_local, dh0
-
-
-def reverse_state_pass(
-    kernel,
-    reads: tuple,
-    own: tuple,
-    dht: torch.Tensor | None,
-    dh0: torch.Tensor | None,
-    scale: float,
-    plan: ChunkPlan,
-    tiles: Tiles,
-    fp32_dot: str | None,
-    exact_dot: str,
-    maps: torch.Tensor | None,
-    whole_values: bool = False,
-) -> None:
-    """The backward's state pass: `kernel(q, k, w, gc, do, dv_local, *own, start, end, <segments>,
-    scale, T)` (the reads), from dht (or zero) into dh0 (if given), split where the plan and
-    tiles.split_backward say, its summaries by the plain pass's own summary kernel (see _state_pass)."""
-    k, do = reads[1], reads[4]
-    dims = (do.shape[2], k.shape[3], do.shape[3])
     with device_guard(k):
         _state_pass(
-            kernel,
+            _state_bwd_kernel,
             _state_bwd_summary_kernel,
-            reads,
-            own,
-            dims,
+            (q, k, w, gc, do, dv_local),
+            dh,
             (scale, k.shape[1]),
             dht,
             dh0,
@@ -860,5 +735,5 @@ def reverse_state_pass(
             fp32_dot,
             exact_dot,
             maps,
-            whole_values,
         )
+    return dh, dv_local, dh0

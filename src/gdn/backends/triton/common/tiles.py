@@ -31,15 +31,6 @@ def mma(a, b, FP32_DOT: tl.constexpr):
 
 
 @triton.jit
-def mma_acc(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b as mma forms a @ b, accumulated into acc itself: on the tensor cores acc is the
-    product's accumulator, so no second fp32 tile of its size is live for the sum."""
-    if FP32_DOT is not None:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision=FP32_DOT)
-    return tl.dot(a, b, acc=acc)
-
-
-@triton.jit
 def cast_as(x, ptr):
     """x in the element type of ptr. The interpreter truncates fp32 to bf16 where the GPU rounds to
     nearest even, doubling and biasing the rounding error; round first there, so that CPU runs see

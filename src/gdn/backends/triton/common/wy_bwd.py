@@ -33,7 +33,6 @@ def _wy_bwd_kernel(
     dw,
     dv,
     dk,
-    dk_out,
     dbeta,
     dg,
     dG,
@@ -48,14 +47,11 @@ def _wy_bwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NK: tl.constexpr,
-    DK_PER_VALUE_HEAD: tl.constexpr,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
     """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dk (fp32)
-    holds the output/state part of the key gradient, per query/key head or (DK_PER_VALUE_HEAD) per
-    value head, summed here over the head's group; dk_out gets the completed gradient, once per chunk
-    (it may be dk itself, per query/key head)."""
+    holds the output/state part of the key gradient and is completed in place, once per chunk."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -126,22 +122,17 @@ def _wy_bwd_kernel(
         m_tk = mt[:, None] & (o_k < K)[None, :]
         p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
         kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
-        dk_t = mma(dAs, kt, FP32_DOT)
-        if not DK_PER_VALUE_HEAD:
-            dk_t += tl.load(dk + p_qk, mask=m_tk, other=0.0)
+        dk_t = tl.load(dk + p_qk, mask=m_tk, other=0.0) + mma(dAs, kt, FP32_DOT)
         # T, beta and G are reloaded per K slice (from cache): keeping every value head's T in
         # registers across this loop would cost more than the loads
         for i_g in range(HV // H):
             i_hv = i_h * (HV // H) + i_g
-            p_vk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
-            if DK_PER_VALUE_HEAD:
-                dk_t += tl.load(dk + p_vk, mask=m_tk, other=0.0)
             b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
             eG = masked_exp(tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0), mt)
             A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
-            dwt = tl.load(dw + p_vk, mask=m_tk, other=0.0)
+            dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             dk_t += mma(tl.trans(A), dwt, FP32_DOT) * (b * eG)[:, None]
-        tl.store(dk_out + p_qk, dk_t, mask=m_tk)
+        tl.store(dk + p_qk, dk_t, mask=m_tk)
 
 
 def wy_backward(
@@ -158,13 +149,9 @@ def wy_backward(
     tiles: Tiles,
     fp32_dot: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dk: the output/state part of the key gradient, fp32, [B, T, H, K] or per value head [B, T, HV, K].
-    -> (dk [B, T, H, K] fp32 (completed in place where given per query/key head), dv (written over du),
-    dbeta fp32, dg fp32)."""
+    """-> (dk fp32 (completed in place), dv (written over du), dbeta fp32, dg fp32)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    per_value_head = dk.shape[2] != H
-    dk_out = torch.empty_like(k, dtype=torch.float32) if per_value_head else dk
     dbeta = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     dg = torch.empty_like(dbeta)
     with device_guard(k):
@@ -177,7 +164,6 @@ def wy_backward(
             dw,
             du,
             dk,
-            dk_out,
             dbeta,
             dg,
             dG,
@@ -192,10 +178,9 @@ def wy_backward(
             BK=tiles.wy_bwd_bk,
             BV=tiles.BV,
             NK=dG.shape[-1],
-            DK_PER_VALUE_HEAD=per_value_head,
             IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
-    return dk_out, du, dbeta, dg
+    return dk, du, dbeta, dg
