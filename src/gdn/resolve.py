@@ -93,13 +93,15 @@ _scoped_mode: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_s
 
 def _registry() -> dict[str, Backend]:
     global _builtins_loaded
+    if _builtins_loaded:  # every op call reads the registry: once loaded, without the lock
+        return _backends
     with _lock:
         if not _builtins_loaded:
             from gdn.backends import builtin_backends
 
-            _builtins_loaded = True
             for backend in builtin_backends():
                 _backends.setdefault(backend.name, backend)
+            _builtins_loaded = True  # last: a reader without the lock sees the whole registry or none
         return _backends
 
 
