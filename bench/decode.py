@@ -226,7 +226,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     checks = {"agreement_vs_eager": agreement(inputs, pool, indices)}
     state_bytes = 2 * B * HV * K * V * 4
     decode.OVERRIDES.clear()
-    default = decode.launch_config(B, HV, K, V, pool.device, one_token=True)
+    default = decode.launch_config(B, HV, K, V, pool.device, one_token=True, state_bytes=pool.element_size())
     kernel_ms = median_ms(ours(inputs, pool, indices))
     public_ms = median_ms(public(inputs, pool, indices))
     graph_ms = median_ms(graphed(public(inputs, pool, indices)))

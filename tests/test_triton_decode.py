@@ -368,14 +368,15 @@ def test_launch_config_heuristic(monkeypatch):
     assert pick(256, K=256) == (16, 1)  # the register budget caps the tile
     assert pick(256, K=512) == (8, 1)
 
-    def walk(N, K=128):  # one token a sequence
-        cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True)
+    def walk(N, K=128, state_bytes=4):  # one token a sequence
+        cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes)
         return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES
 
-    assert walk(256) == (32, 2, 4, 3)  # 8192 programs walking all 4 slices of a head
-    assert walk(64) == (32, 2, 1, 1)  # 2048 walks would be short of programs: one slice each
-    assert walk(1) == (32, 2, 1, 1)
-    assert walk(256, K=256) == (32, 4, 4, 3)  # 64 state elements a thread
+    assert walk(256) == (64, 4, 2, 3)  # 8192 programs walking both 64-column slices of a head
+    assert walk(256, state_bytes=2) == (32, 2, 2, 3)  # a bf16 pool: 16384 programs of two 32-column slices
+    assert walk(64) == (64, 4, 1, 1)  # 2048 walks would be short of programs: one slice each
+    assert walk(1, state_bytes=2) == (32, 2, 1, 1)
+    assert walk(256, K=256) == (64, 8, 2, 3)  # 64 state elements a thread
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})

@@ -73,14 +73,16 @@ PROGRAMS_PER_SM = 4
 # default, which keeps the checks from taking registers from the state tile (a wider block spilled at
 # 2 warps); `BLOCK_N` in OVERRIDES tries wider steps (fewer dependent reads before the state is written).
 THREADS_PER_WARP = 32
-# One token per sequence: 32-column slices over 2 warps (64 state elements a thread), about this many
-# programs per SM, and loads three slices deep. Swept on the H200 (Triton 3.6, HV = 32, K = V = 128,
-# B = 256, 2026-12-02, bench/results/decode-2026-12-02.json): 0.319 / 0.214 ms with an fp32 / bf16
-# pool, against 0.322 / 0.242 for one 128 x 32 slice per one-warp program; 16-column walks on one warp
-# were slower (0.47 / 0.39 ms). Faster in that sweep, not yet through the GPU tests: 64-column slices
-# over 4 warps for fp32 (0.299 ms), walks of two slices for bf16 (0.195 ms).
-PIPELINED_BV = 32
+# One token per sequence: slices of 64 columns of an fp32 state or 32 of a half-precision one, 64 state
+# elements a thread, a walk of at most two slices while that leaves about PIPELINED_PROGRAMS_PER_SM
+# programs an SM, loads three slices deep. Swept on the H200 (Triton 3.6, HV = 32, K = V = 128,
+# 2026-12-02, bench/results/decode-2026-12-02.json): at B = 256 an fp32 pool took 0.299 ms and a bf16
+# pool 0.195 ms this way, against 0.322 / 0.242 ms for one 128 x 32 slice per one-warp program (the
+# layout before); 16-column walks on one warp were slower (0.46 / 0.39 ms), as were four-slice walks
+# of a bf16 pool (0.214 ms).
+PIPELINED_BV = {4: 64, 2: 32}
 PIPELINED_ELEMENTS = 64
+PIPELINED_MAX_SLICES = 2
 PIPELINED_PROGRAMS_PER_SM = 32
 PIPELINED_STAGES = 3
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
@@ -373,29 +375,32 @@ class LaunchConfig:
     STAGES: int = 1
 
 
-def launch_config(N: int, HV: int, K: int, V: int, device: torch.device, one_token: bool = False) -> LaunchConfig:
+def launch_config(
+    N: int, HV: int, K: int, V: int, device: torch.device, one_token: bool = False, state_bytes: int = 4
+) -> LaunchConfig:
     """Several tokens per sequence: wide V slices (fewer redundant q/k loads) unless the grid would
     then be too small to keep the GPU's memory system busy, 128 state elements per thread, one slice per
-    program. One token per sequence (a decode step): PIPELINED_BV-column slices, PIPELINED_ELEMENTS per
-    thread, each program walking as many slices as leaves PIPELINED_PROGRAMS_PER_SM programs, through a
-    pipeline of PIPELINED_STAGES.
+    program. One token per sequence (a decode step), with a state of `state_bytes` per element: the
+    PIPELINED_* choices above.
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
-    return _launch_config(N, HV, K, V, processors(device), one_token, tuple(sorted(OVERRIDES.items())))
+    return _launch_config(N, HV, K, V, processors(device), one_token, state_bytes, tuple(sorted(OVERRIDES.items())))
 
 
 @functools.lru_cache(maxsize=256)
-def _launch_config(N: int, HV: int, K: int, V: int, sms: int, one_token: bool, overrides: tuple) -> LaunchConfig:
+def _launch_config(
+    N: int, HV: int, K: int, V: int, sms: int, one_token: bool, state_bytes: int, overrides: tuple
+) -> LaunchConfig:
     unknown = {name for name, _ in overrides} - {f.name for f in fields(LaunchConfig)}
     if unknown:
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     BK = next_power_of_2(K)
     if one_token:
-        BV = min(PIPELINED_BV, next_power_of_2(V))
+        BV = min(PIPELINED_BV.get(state_bytes, PIPELINED_BV[4]), next_power_of_2(V))
         cfg = LaunchConfig(BK=BK, BV=BV, num_warps=max(1, min(8, BK * BV // (32 * PIPELINED_ELEMENTS))), BLOCK_N=0)
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
-        slices = next_power_of_2(cdiv(V, cfg.BV))
+        slices = min(PIPELINED_MAX_SLICES, next_power_of_2(cdiv(V, cfg.BV)))
         while slices > 1 and N * HV * cdiv(cdiv(V, cfg.BV), slices) < PIPELINED_PROGRAMS_PER_SM * sms:
             slices //= 2
         cfg = replace(cfg, SLICES=slices, STAGES=PIPELINED_STAGES if slices > 1 else 1)
@@ -432,7 +437,8 @@ def _launch(
     # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
     o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
     one_token = shapes.T == 1 and cu_seqlens is None
-    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device, one_token)
+    state_bytes = (h0 if h0 is not None else ht if ht is not None else v).element_size()
+    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device, one_token, state_bytes)
     grid = (shapes.N, shapes.HV * cdiv(cdiv(shapes.V, cfg.BV), cfg.SLICES))
     with device_guard(q):
         launch(_recurrent_kernel, grid)(
