@@ -45,8 +45,11 @@ from gdn.resolve import compute_mode_override
 
 H, HV, K, V = 16, 32, 128, 128
 # launch knobs of a one-token step tried beside the heuristic, on the fp32 and on the bf16 pool: the
-# slice width, warps, how many slices a program walks and the depth of its pipeline
+# slice width, warps, how many slices a program walks, the depth of its pipeline, and how many slot
+# indices a step of the device-side scans reads (fewer dependent L2 reads before the state is written)
 SWEEP = [
+    {"BLOCK_N": 128},
+    {"BLOCK_N": 256},
     {"SLICES": 1, "STAGES": 1},
     {"SLICES": 2},
     {"STAGES": 2},
