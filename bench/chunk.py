@@ -24,6 +24,10 @@ all among those named; with --profile each sweep setting's kernels are profiled 
 per-kernel times), so that a setting's gain or loss is placed in the kernel it changed. `--shape` adds a
 dense row of its own (the heads of one tensor-parallel rank, say) and leaves the standard rows out
 unless --rows names them.
+
+The results file (bench/results/chunk-<date>.json) is written again after every row: a run cut short
+(a peer's first compile past the time a device call gives) keeps the rows it measured and lists the
+ones it did not under `not_run`.
 """
 
 from __future__ import annotations
@@ -336,7 +340,8 @@ def main() -> None:
         # where FlashQLA is installed fla hands it the chunk op: its own Triton path is a peer of its own
         impls["fla-triton"] = fla_impl({"FLA_FLASH_QLA": "0"})
     impls = {name: fn for name, fn in impls.items() if fn is not None and name in wanted}
-    rows, sweep, kernels = [], [], []
+    rows, sweep, kernels, done = [], [], [], 0
+    env = environment("fla-core", "flash-qla", "tilelang")
     # the guard lives in fla: without fla there is nothing to lift
     with bypass_hopper_guard() if "fla" in impls else contextlib.nullcontext():
         for B, T, H, HV, D, packed in shapes:
@@ -364,26 +369,17 @@ def main() -> None:
                 print_table(swept, ["shape", "knobs", "fwd_bwd_ms", "kernel_ms", "error"])
                 if lost is not None:
                     print(f"the CUDA context was lost under {lost}: the remaining rows are not run")
+                    done += 1  # this shape's rows were measured; its sweep says where it stopped
                     break
             if args.profile:
                 for name in ("triton", "fla", "flashqla"):
                     if name in bound:
                         kernels += kernel_times(bound[name], inputs, do, shape, name)
             torch.cuda.empty_cache()
-    for row in rows:
-        same = [r for r in kernels if r["shape"] == row["shape"] and r["impl"] == row["impl"]]
-        if same:
-            row["kernel_ms"] = round(sum(r["ms"] for r in same), 3)
-        if row["impl"] != "triton":
-            continue
-        for peer in ("fla", "flashqla"):
-            other = next((r for r in rows if r["shape"] == row["shape"] and r["impl"] == peer), None)
-            if other:
-                row[f"fwd_vs_{peer}"] = round(row["fwd_ms"] / other["fwd_ms"], 3)
-                row[f"fwd_bwd_vs_{peer}"] = round(row["fwd_bwd_ms"] / other["fwd_bwd_ms"], 3)
-                if "kernel_ms" in row and "kernel_ms" in other:
-                    row[f"kernel_vs_{peer}"] = round(row["kernel_ms"] / other["kernel_ms"], 3)
-    env = environment("fla-core", "flash-qla", "tilelang")
+            done += 1
+            # written after every shape: a run cut short (a peer's JIT past the time given) keeps its rows
+            write_results("chunk", results_payload(env, rows, sweep, kernels, pending=shapes[done:]))
+    rows = compared(rows, kernels)
     columns = [
         "shape",
         "impl",
@@ -396,19 +392,51 @@ def main() -> None:
     ]
     print_table(rows, [*columns, "fwd_bwd_graph_ms", "kernel_ms", "fwd_bwd_vs_fla", "fwd_bwd_vs_flashqla"])
     print_table(rows, ["shape", "impl", "kernel_vs_fla", "kernel_vs_flashqla", "graph_error"])
+    if kernels:
+        print_table(kernels, ["shape", "impl", "kernel", "ms", "launches"])
+    print(f"written {write_results('chunk', results_payload(env, rows, sweep, kernels, pending=shapes[done:]))}")
+
+
+def compared(rows: list[dict], kernels: list[dict]) -> list[dict]:
+    """The rows with each one's summed kernel time (where profiled) and, for the triton rows, its
+    forward, forward+backward and kernel time over each peer's of the same shape."""
+    out = []
+    for row in rows:
+        row = dict(row)
+        same = [r for r in kernels if r["shape"] == row["shape"] and r["impl"] == row["impl"]]
+        if same:
+            row["kernel_ms"] = round(sum(r["ms"] for r in same), 3)
+        out.append(row)
+    for row in out:
+        if row["impl"] != "triton":
+            continue
+        for peer in ("fla", "flashqla"):
+            other = next((r for r in out if r["shape"] == row["shape"] and r["impl"] == peer), None)
+            if other:
+                row[f"fwd_vs_{peer}"] = round(row["fwd_ms"] / other["fwd_ms"], 3)
+                row[f"fwd_bwd_vs_{peer}"] = round(row["fwd_bwd_ms"] / other["fwd_bwd_ms"], 3)
+                if "kernel_ms" in row and "kernel_ms" in other:
+                    row[f"kernel_vs_{peer}"] = round(row["kernel_ms"] / other["kernel_ms"], 3)
+    return out
+
+
+def results_payload(env: dict, rows: list[dict], sweep: list[dict], kernels: list[dict], pending: list[tuple]) -> dict:
+    """The results file's content; `pending`: the selected rows (B, T, H, HV, D, packed) not run yet,
+    listed so that a file from a run cut short says what it lacks."""
     payload = {
         "environment": env,
         "dtype": "bfloat16",
         "use_qk_l2norm_in_kernel": True,
-        "rows": rows,
+        "rows": compared(rows, kernels),
         "note": "fla timed with its Hopper guard bypassed (timing only)",
     }
+    if pending:
+        payload["not_run"] = [list(shape) for shape in pending]
     if sweep:
         payload["sweep"] = sweep
     if kernels:
         payload["kernels"] = kernels
-        print_table(kernels, ["shape", "impl", "kernel", "ms", "launches"])
-    print(f"written {write_results('chunk', payload)}")
+    return payload
 
 
 if __name__ == "__main__":

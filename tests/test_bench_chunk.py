@@ -41,3 +41,29 @@ def test_a_row_index_out_of_range_is_refused(capsys):
     with pytest.raises(SystemExit):
         chunk.arguments(["--rows", "0", "4"])
     assert "--rows: indices 0-3, got [0, 4]" in capsys.readouterr().err
+
+
+def test_results_of_a_run_cut_short_list_the_rows_not_run():
+    env = {"date": "2026-12-02T00:00:00"}
+    rows = [{"shape": "s", "impl": "triton", "fwd_ms": 1.0, "fwd_bwd_ms": 4.0}]
+    payload = chunk.results_payload(env, rows, [], [], pending=[(1, 32768, 16, 32, 128, True)])
+    assert payload["not_run"] == [[1, 32768, 16, 32, 128, True]] and payload["rows"] == rows
+    assert "not_run" not in chunk.results_payload(env, rows, [], [], pending=[])
+
+
+def test_rows_compared_with_their_peers_per_shape():
+    rows = [
+        {"shape": "a", "impl": "triton", "fwd_ms": 1.0, "fwd_bwd_ms": 4.0},
+        {"shape": "a", "impl": "flashqla", "fwd_ms": 0.5, "fwd_bwd_ms": 2.0},
+        {"shape": "b", "impl": "triton", "fwd_ms": 3.0, "fwd_bwd_ms": 9.0},
+    ]
+    kernels = [
+        {"shape": "a", "impl": "triton", "ms": 1.5},
+        {"shape": "a", "impl": "triton", "ms": 0.5},
+        {"shape": "a", "impl": "flashqla", "ms": 1.0},
+    ]
+    a, peer, b = chunk.compared(rows, kernels)
+    assert (a["kernel_ms"], peer["kernel_ms"]) == (2.0, 1.0)
+    assert (a["fwd_vs_flashqla"], a["fwd_bwd_vs_flashqla"], a["kernel_vs_flashqla"]) == (2.0, 2.0, 2.0)
+    assert "fwd_vs_flashqla" not in b and "kernel_ms" not in b  # no peer, no profile for that shape
+    assert "kernel_ms" not in rows[0]  # the rows handed in are left as they were
