@@ -341,7 +341,18 @@ def usage(K, V, H, HV, dtype):
     return found
 
 
+def async_copy_bytes(launch):  # the byte count of every global-to-shared async copy in its PTX
+    signature, constexprs, attrs, options = specialize(*launch)
+    source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
+    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    return [int(n, 16) for n in re.findall(r"cp\\.async\\.\\w+\\.shared\\.global[^;]*, (0x[0-9a-f]+)", ptx)]
+
+
 RESULT["bf16 K=128"] = usage(128, 128, 4, 8, torch.bfloat16)
+combines = state._state_combine_kernel.launches  # still the recorder of the call above
+RESULT["combine copies"] = sorted(
+    {tuple(sorted(set(async_copy_bytes((kernels["_state_combine_kernel"], a, kw))))) for a, kw in combines}
+)
 RESULT["bf16 K=256"] = usage(256, 256, 16, 16, torch.bfloat16)
 RESULT["fp32 K=256"] = usage(256, 256, 16, 16, torch.float32)
 """
@@ -354,15 +365,20 @@ def test_state_kernels_compile_for_hopper():
     """The state passes through the NVIDIA compiler for sm_90 (the interpreter accepts some programs the
     compiler rejects, and knows no shared-memory limit): one sequence of 8192 tokens, bf16 with 8 heads
     of 128 x 128 (split and whole), bf16 and fp32 with 16 heads of 256 x 256 (never split). One binary
-    per kernel, every one within an H200 SM's shared memory, and no spills at K = 128 (the combine's
-    K x K map of fp32 spilled while it was held whole)."""
+    per kernel but the combine's two (the forward's maps read by rows, the backward's transposed: their
+    strides are constants, so that both read 16 bytes at a time), every one within an H200 SM's shared
+    memory, and no spills at K = 128 (the combine's K x K map of fp32 spilled while it was held whole)."""
     result = run_on_hopper_compiler(STATE_SCENARIO)
+    # the combine's map, seed and summary reads are 16-byte copies (4-byte ones while the map's strides
+    # were runtime values: 48 of them a thread and step)
+    assert result.pop("combine copies") == [[16]]
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     plain = {"_state_fwd_kernel", "_state_bwd_kernel"}
     assert set(result["bf16 K=128"]) == plain | split
     assert set(result["bf16 K=256"]) == set(result["fp32 K=256"]) == plain
     for case, usage in result.items():
-        assert all(len(binaries) == 1 for binaries in usage.values()), (case, usage)
+        binaries = {name: len(found) for name, found in usage.items()}
+        assert binaries == {name: 2 if name == "_state_combine_kernel" else 1 for name in usage}, (case, binaries)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
     spills = {n: u for n, b in result["bf16 K=128"].items() for u in b.values() if u["spill_bytes"] not in (0, None)}

@@ -239,8 +239,8 @@ def _combine_step(
     S,
     summary,
     maps,
-    P_ROWS,
-    P_COLS,
+    P_ROWS: tl.constexpr,
+    P_COLS: tl.constexpr,
     seeds,
     s0,
     s1,
@@ -291,12 +291,14 @@ def _sequence_segments(i_n, first, NSEG, IS_VARLEN):
     return i_n * NSEG, i_n * NSEG + NSEG
 
 
-@triton.jit(do_not_specialize=["NSEG", "IS_VARLEN", "HAS_START", "STORE_END", "REVERSE", "P_ROWS", "P_COLS"])
+# The map's strides are constants (the forward reads its own summaries by rows, the backward the same
+# maps transposed: two binaries): as runtime values they made every map element a 4-byte copy.
+@triton.jit(do_not_specialize=["NSEG", "IS_VARLEN", "HAS_START", "STORE_END", "REVERSE"])
 def _state_combine_kernel(
     summary,
     maps,
-    P_ROWS,
-    P_COLS,
+    P_ROWS: tl.constexpr,
+    P_COLS: tl.constexpr,
     start,
     seeds,
     end,
