@@ -109,7 +109,10 @@ def _jit_function() -> type:
 def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
     device = torch.cuda.current_device()
     key = _key(kernel, device, args, kwargs)
-    binary = _binaries.get(key) if key is not None else None
+    try:
+        binary = _binaries.get(key)
+    except TypeError:  # an argument that cannot be hashed: this launch takes Triton's path
+        binary = key = None
     if binary is not None:
         binary.run(device, grid, args, kwargs)
         return
@@ -122,26 +125,24 @@ def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> No
         _binaries[key] = _binary(kernel, compiled, args, kwargs)
 
 
-def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any]) -> tuple | None:
-    """What decides the binary of this launch (the module's docstring says why each part), or None
-    where it cannot be hashed (that launch takes Triton's path). Tensors go by position (`_launch`
-    refuses one by keyword). One plain loop: this runs on every launch."""
-    key: list[Any] = [kernel, device, tuple(kwargs.items()), tuple(map(type, kwargs.values()))]
+def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    """What decides the binary of this launch (the module's docstring says why each part); hashed only
+    by the lookup, which takes an unhashable key as a launch for Triton's path. Tensors go by position
+    (`_launch` refuses one by keyword). One plain loop: this runs on every launch."""
+    key: list[Any] = [kernel, device, *kwargs.items(), *map(type, kwargs.values())]
     append = key.append
     for value in args:
         kind = type(value)
-        if kind is torch.Tensor or (kind not in _SCALARS and isinstance(value, torch.Tensor)):
+        if kind is torch.Tensor:
             append(value.dtype)
-            append(value.data_ptr() % 16)
-        else:
+            append(value.data_ptr() & 15)
+        elif kind in _SCALARS or not isinstance(value, torch.Tensor):
             append(kind)
             append(value)
-    whole = tuple(key)
-    try:
-        hash(whole)
-    except TypeError:
-        return None
-    return whole
+        else:  # a tensor subclass (a Parameter)
+            append(value.dtype)
+            append(value.data_ptr() & 15)
+    return tuple(key)
 
 
 def _binary(kernel: Any, compiled: Any, args: tuple, kwargs: dict[str, Any]) -> _Binary | None:
