@@ -58,6 +58,12 @@ SWEEP = [
     {"BV": 32, "num_warps": 1},
     {"BV": 32, "num_warps": 4},
     {"BV": 64, "num_warps": 4},
+    # a bf16 row of 32 columns is 4 16-byte vectors, so 8 lanes share each K column and both reductions
+    # over K take 3 shuffle steps per column (1 for an fp32 row of 64): wider bf16 slices put more
+    # lanes along V and fewer along K
+    {"BV": 64, "num_warps": 2},
+    {"BV": 128, "num_warps": 4},
+    {"BV": 128, "num_warps": 8},
 ]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"
