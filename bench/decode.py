@@ -48,6 +48,7 @@ H, HV, K, V = 16, 32, 128, 128
 # slice width, warps, how many slices a program walks, the depth of its pipeline, and how many slot
 # indices a step of the device-side scans reads (fewer dependent L2 reads before the state is written)
 SWEEP = [
+    {"BLOCK_N": 32},
     {"BLOCK_N": 128},
     {"BLOCK_N": 256},
     {"SLICES": 1, "STAGES": 1},

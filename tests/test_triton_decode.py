@@ -370,13 +370,14 @@ def test_launch_config_heuristic(monkeypatch):
 
     def walk(N, K=128, state_bytes=4):  # one token a sequence
         cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes)
-        return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES
+        return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES, cfg.BLOCK_N
 
-    assert walk(256) == (64, 4, 2, 3)  # 8192 programs walking both 64-column slices of a head
-    assert walk(256, state_bytes=2) == (32, 2, 2, 3)  # a bf16 pool: 16384 programs of two 32-column slices
-    assert walk(64) == (64, 4, 1, 1)  # 2048 walks would be short of programs: one slice each
-    assert walk(1, state_bytes=2) == (32, 2, 1, 1)
-    assert walk(256, K=256) == (64, 8, 2, 3)  # 64 state elements a thread
+    assert walk(256) == (64, 4, 2, 3, 32)  # 8192 programs walking both 64-column slices of a head
+    assert walk(256, state_bytes=2) == (64, 2, 2, 3, 32)  # a bf16 pool: 128 state elements a thread
+    assert walk(64) == (64, 4, 1, 1, 32)  # 2048 walks would be short of programs: one slice each
+    assert walk(1, state_bytes=2) == (64, 2, 1, 1, 32)
+    assert walk(256, K=256) == (64, 8, 2, 3, 32)  # 64 state elements a thread
+    assert walk(256, K=256, state_bytes=2) == (64, 8, 2, 3, 32)  # fewer a thread past K = 128
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})
@@ -525,6 +526,8 @@ for knobs in ({}, {"BV": 32, "num_warps": 2}, {"BV": 16, "num_warps": 1, "STAGES
     for dtype in (torch.float32, torch.bfloat16):
         RESULT["usage"][f"pool T=1 {knobs} {dtype}"] = compile_sm90(call(POOL, 256, 1, pool_dtype=dtype))
 decode.OVERRIDES.clear()
+for dtype in (torch.float32, torch.bfloat16):
+    RESULT["usage"][f"pool T=1 K=V=256 {dtype}"] = compile_sm90(call(POOL, 256, 1, K=256, V=256, pool_dtype=dtype))
 RESULT["usage"]["plain varlen K=V=256"] = compile_sm90(
     call(PLAIN, 1, 9, K=256, V=256, cu=[0, 4, 9], initial_state=torch.zeros(2, 32, 256, 256), output_final_state=True)
 )

@@ -134,9 +134,10 @@ def test_direct_launches_compute_what_tritons_launch_computes(gen):
     for source, n, stride in cases:
         expected = (source[: (n - 1) * stride + 1 : stride].float() * 0.5 + 3).to(source.dtype)
         for repeat in range(3):
-            y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
             stream = side if repeat == 2 else torch.cuda.current_stream()
             with torch.cuda.stream(stream):
+                # filled on the stream the kernel runs on: a fill on another stream could land after it
+                y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
                 launching.launch(_axpb_kernel, (triton.cdiv(n, 256),))(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
             torch.cuda.synchronize()
             torch.testing.assert_close(y, expected, rtol=0, atol=0)

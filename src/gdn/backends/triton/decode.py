@@ -17,9 +17,9 @@ A decode step (one token per sequence, no cu_seqlens) is the serving hot path. T
 its row once and walks several slices in a loop that Triton pipelines (the next slices' state loads go
 through shared memory while one slice updates; no registers held for them), so a half-precision pool,
 whose tiles arrive in half the time, keeps more of them in flight. On the H200 (2026-12-02, B = 256)
-that took a bf16 pool from 0.242 to 0.214 ms and left an fp32 pool at 0.319 ms: a bf16 pool is 1.49x
-as fast as an fp32 one, not the 2x its bytes allow (ncu of the one-slice kernel: 8 warps an SM, held
-by registers, and DRAM 45% busy with a bf16 pool).
+a bf16 pool took 0.177-0.182 ms and an fp32 one 0.297 ms: 1.68x, not the 2x its bytes allow (ncu of the
+walk: issue-latency bound, and per state element a bf16 walk executes about as many instructions as
+an fp32 one; bench/NOTES.md).
 
 The token count is a runtime argument that Triton does not specialize, and no other argument changes
 with it (token offsets are computed in the kernel from constexpr head counts and dims), so a new
@@ -73,15 +73,22 @@ PROGRAMS_PER_SM = 4
 # default, which keeps the checks from taking registers from the state tile (a wider block spilled at
 # 2 warps); `BLOCK_N` in OVERRIDES tries wider steps (fewer dependent reads before the state is written).
 THREADS_PER_WARP = 32
-# One token per sequence: slices of 64 columns of an fp32 state or 32 of a half-precision one, 64 state
-# elements a thread, a walk of at most two slices while that leaves about PIPELINED_PROGRAMS_PER_SM
-# programs an SM, loads three slices deep. Swept on the H200 (Triton 3.6, HV = 32, K = V = 128,
-# 2026-12-02, bench/results/decode-2026-12-02.json): at B = 256 an fp32 pool took 0.299 ms and a bf16
-# pool 0.195 ms this way, against 0.322 / 0.242 ms for one 128 x 32 slice per one-warp program (the
-# layout before); 16-column walks on one warp were slower (0.46 / 0.39 ms), as were four-slice walks
-# of a bf16 pool (0.214 ms).
-PIPELINED_BV = {4: 64, 2: 32}
-PIPELINED_ELEMENTS = 64
+# One token per sequence: slices of 64 columns over 4 warps for an fp32 state (64 state elements a
+# thread) and over 2 warps for a half-precision one (128), a walk of at most two slices while that
+# leaves about PIPELINED_PROGRAMS_PER_SM programs an SM, loads three slices deep. Swept on the H200
+# (Triton 3.6, HV = 32, K = V = 128, 2026-12-02, bench/results/decode-2026-12-02.json and
+# decode-bf16-2026-12-02.json): at B = 256 an fp32 pool took 0.297 ms this way, against 0.322 ms for one
+# 128 x 32 slice per one-warp program (the layout before); 16-column walks on one warp were slower
+# (0.46 ms). A bf16 pool took 0.181 ms (0.052 at B = 64) with 64 columns over 2 warps, against 0.194
+# (0.059) with 32 over 2: a bf16 row of 32 columns is four 16-byte vectors, so 8 lanes share each K
+# column and both reductions over K shuffle 3 steps per column; at 64 columns 4 lanes do. The same
+# layout loses with an fp32 pool at B = 256 (0.483 ms: twice the registers a thread). The slot scan
+# reads one warp's worth of indices a step (PIPELINED_BLOCK_N): at 2 warps a step of 64 spilled 4 bytes
+# of the bf16 walk's 255 registers (ptxas, sm_90), and 32 was as fast or faster on both pools (0.1772
+# against 0.1815 ms bf16, 0.2967 against 0.2968 fp32 at B = 256).
+PIPELINED_BLOCK_N = THREADS_PER_WARP
+PIPELINED_BV = {4: 64, 2: 64}
+PIPELINED_ELEMENTS = {4: 64, 2: 128}
 PIPELINED_MAX_SLICES = 2
 PIPELINED_PROGRAMS_PER_SM = 32
 PIPELINED_STAGES = 3
@@ -397,8 +404,13 @@ def _launch_config(
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     BK = next_power_of_2(K)
     if one_token:
-        BV = min(PIPELINED_BV.get(state_bytes, PIPELINED_BV[4]), next_power_of_2(V))
-        cfg = LaunchConfig(BK=BK, BV=BV, num_warps=max(1, min(8, BK * BV // (32 * PIPELINED_ELEMENTS))), BLOCK_N=0)
+        size = state_bytes if state_bytes in PIPELINED_BV else 4
+        BV = min(PIPELINED_BV[size], next_power_of_2(V))
+        # the K-long q and k take registers too: past K = 128 a thread holds proportionally fewer state
+        # elements (a bf16 walk at K = 256 with 128 a thread spilled 80 bytes, ptxas for sm_90)
+        elements = PIPELINED_ELEMENTS[size] * 128 // max(128, BK)
+        warps = max(1, min(8, BK * BV // (32 * elements)))
+        cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=PIPELINED_BLOCK_N)
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
         slices = min(PIPELINED_MAX_SLICES, next_power_of_2(cdiv(V, cfg.BV)))
         while slices > 1 and N * HV * cdiv(cdiv(V, cfg.BV), slices) < PIPELINED_PROGRAMS_PER_SM * sms:
