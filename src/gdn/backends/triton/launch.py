@@ -133,15 +133,12 @@ def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any]) -> tuple
     append = key.append
     for value in args:
         kind = type(value)
-        if kind is torch.Tensor:
+        if kind is torch.Tensor or (kind not in _SCALARS and isinstance(value, torch.Tensor)):
             append(value.dtype)
-            append(value.data_ptr() & 15)
-        elif kind in _SCALARS or not isinstance(value, torch.Tensor):
+            append(value.data_ptr() % 16)
+        else:
             append(kind)
             append(value)
-        else:  # a tensor subclass (a Parameter)
-            append(value.dtype)
-            append(value.data_ptr() & 15)
     return tuple(key)
 
 
