@@ -87,8 +87,8 @@ THREADS_PER_WARP = 32
 # of the bf16 walk's 255 registers (ptxas, sm_90), and 32 was as fast or faster on both pools (0.1772
 # against 0.1815 ms bf16, 0.2967 against 0.2968 fp32 at B = 256).
 PIPELINED_BLOCK_N = THREADS_PER_WARP
-PIPELINED_BV = {4: 64, 2: 64}
-PIPELINED_ELEMENTS = {4: 64, 2: 128}
+PIPELINED_BV = 64
+PIPELINED_ELEMENTS = {4: 64, 2: 128}  # by the state's element size
 PIPELINED_MAX_SLICES = 2
 PIPELINED_PROGRAMS_PER_SM = 32
 PIPELINED_STAGES = 3
@@ -404,11 +404,10 @@ def _launch_config(
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     BK = next_power_of_2(K)
     if one_token:
-        size = state_bytes if state_bytes in PIPELINED_BV else 4
-        BV = min(PIPELINED_BV[size], next_power_of_2(V))
+        BV = min(PIPELINED_BV, next_power_of_2(V))
         # the K-long q and k take registers too: past K = 128 a thread holds proportionally fewer state
         # elements (a bf16 walk at K = 256 with 128 a thread spilled 80 bytes, ptxas for sm_90)
-        elements = PIPELINED_ELEMENTS[size] * 128 // max(128, BK)
+        elements = PIPELINED_ELEMENTS.get(state_bytes, PIPELINED_ELEMENTS[4]) * 128 // max(128, BK)
         warps = max(1, min(8, BK * BV // (32 * elements)))
         cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=PIPELINED_BLOCK_N)
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
