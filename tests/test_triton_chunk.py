@@ -63,13 +63,18 @@ def make_inputs(gen, T, H, HV, K, V, *, B=1, N=None, dtype=torch.float32, with_s
     return q, k, v, g, beta, h0
 
 
-def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2norm=False, tol_of=None):
-    """Forward and backward with random upstream gradients on o and the final state, both sides;
-    `tol_of` overrides the tolerance of named outputs (e.g. {"dg": ...})."""
+def check_against_recurrence(
+    gen, inputs, tol, cu_seqlens=None, scale=None, l2norm=False, tol_of=None, final_state=True
+):
+    """Forward and backward with random upstream gradients on o and the final state, both sides (on o
+    alone without `final_state`: no final state is asked for, as in a training step, and the backward
+    gets no gradient for it); `tol_of` overrides the tolerance of named outputs (e.g. {"dg": ...})."""
     q, v = inputs[0], inputs[2]
     N = len(cu_seqlens) - 1 if cu_seqlens is not None else q.shape[0]
     do = torch.randn(v.shape, generator=gen, dtype=torch.float64)
     dht = torch.randn(N, v.shape[2], q.shape[3], v.shape[3], generator=gen, dtype=torch.float64)
+    if not final_state:
+        dht = torch.zeros_like(dht)  # the reference's loss then has no final-state term either
 
     leaves = [None if x is None else x.detach().clone().to(DEVICE).requires_grad_() for x in inputs]
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
@@ -77,12 +82,16 @@ def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2no
         *leaves[:5],
         scale=scale,
         initial_state=leaves[5],
-        output_final_state=True,
+        output_final_state=final_state,
         cu_seqlens=cu,
         use_qk_l2norm_in_kernel=l2norm,
     )
-    assert o.dtype == v.dtype and final.dtype == torch.float32
-    ((o.double().cpu() * do).sum() + (final.double().cpu() * dht).sum()).backward()
+    assert o.dtype == v.dtype and (final is None) != final_state
+    loss = (o.double().cpu() * do).sum()
+    if final_state:
+        assert final.dtype == torch.float32
+        loss = loss + (final.double().cpu() * dht).sum()
+    loss.backward()
     for x, leaf in zip(inputs, leaves, strict=True):
         assert x is None or leaf.grad.dtype == x.dtype
 
@@ -93,7 +102,9 @@ def check_against_recurrence(gen, inputs, tol, cu_seqlens=None, scale=None, l2no
     )
     ((ro * do).sum() + (rfinal * dht).sum()).backward()
 
-    errors = {"o": rel_err(o, ro), "final_state": rel_err(final, rfinal)}
+    errors = {"o": rel_err(o, ro)}
+    if final_state:
+        errors["final_state"] = rel_err(final, rfinal)
     for name, leaf, ref in zip(GRAD_NAMES, leaves, ref_leaves, strict=True):
         if leaf is not None:
             errors[f"d{name}"] = rel_err(leaf.grad, ref.grad)
@@ -168,6 +179,34 @@ def test_varlen_fp32_matches_fp64_recurrence(bounds, with_state, l2norm, gen):
 def test_half_precision_matches_fp64_recurrence(dtype, l2norm, gen):
     inputs = make_inputs(gen, 100, 1, 2, 64, 64, dtype=dtype)
     check_against_recurrence(gen, inputs, TOL[dtype], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL)
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_half_precision_without_a_final_state(dtype, l2norm, gen):
+    """A training step's call: no final state, so the state backward keeps dh in the inputs' dtype."""
+    inputs = make_inputs(gen, 200, 1, 2, 64, 64, dtype=dtype)
+    check_against_recurrence(gen, inputs, TOL[dtype], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL, final_state=False)
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_state_gradient_buffer_is_fp32_only_with_a_final_state_gradient(dtype, gen):
+    """dh (one [K, V] per chunk and value head, the backward's largest buffer) is in k's dtype, and fp32
+    where the final state's gradient flows into it."""
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in make_inputs(gen, 130, 1, 2, 32, 48, dtype=dtype))
+    call = PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta, initial_state=h0)
+    plan = triton_chunk._plan(call)
+    tiles, dot = config.tiles_for(32, 48, k.element_size()), triton_chunk._fp32_dot(dtype)
+    gc, Ai = wy.wy_prepare(k, g, beta, 2, plan, tiles, dot)
+    w, _ = wy.wy_apply(k, v, beta, gc, Ai, plan, tiles, dot)
+    exact = triton_chunk._fp32_dot(torch.float32)
+    do = torch.randn_like(v)
+    dv = output.dv_local(q, k, gc, do, 0.3, plan, tiles, dot)
+    for dht, wanted in ((None, dtype), (torch.randn_like(h0), torch.float32)):
+        dh, _, _ = state.state_backward(q, k, w, gc, do, dv.clone(), dht, False, 0.3, plan, tiles, dot, exact)
+        assert dh.dtype == wanted
 
 
 @pytest.mark.shape_grid
@@ -255,10 +294,13 @@ def test_split_backward_reads_the_forward_maps_transposed(gen, monkeypatch):
 
 
 @pytest.mark.shape_grid
-def test_split_state_passes_in_half_precision(gen, monkeypatch):
+@pytest.mark.parametrize("final_state", [True, False], ids=["final-state", "no-final-state"])
+def test_split_state_passes_in_half_precision(final_state, gen, monkeypatch):
     split_every(monkeypatch, 1)
     inputs = make_inputs(gen, 260, 1, 2, 64, 64, dtype=torch.bfloat16)
-    check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL)
+    check_against_recurrence(
+        gen, inputs, TOL[torch.bfloat16], l2norm=True, tol_of=HALF_REDUCED_GRAD_TOL, final_state=final_state
+    )
 
 
 @pytest.mark.single_op

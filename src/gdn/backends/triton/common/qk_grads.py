@@ -92,9 +92,9 @@ def _qk_grads_kernel(
             do_t = tl.load(do + p_tv, mask=m_tv, other=0.0)
             dv_t = tl.load(dv + p_tv, mask=m_tv, other=0.0)
             dq_g += mma(do_t, ST, FP32_DOT)
-            if k.dtype.element_ty == tl.float32:
+            if dh.dtype.element_ty == k.dtype.element_ty:
                 dk_g += mma(vn, dST, FP32_DOT)
-            else:  # dS is fp32 (it carries the final-state gradient): hi + lo half dots keep ~16 bits of it
+            else:  # fp32 dS of half inputs (it carries the final-state gradient): hi + lo half dots keep ~16 bits
                 dS_hi = cast_as(dST, k)
                 dk_g += mma(vn, dS_hi, FP32_DOT) + mma(vn, cast_as(dST - dS_hi.to(tl.float32), k), FP32_DOT)
             dw_g += mma(dv_t, ST, FP32_DOT)
@@ -136,7 +136,7 @@ def qk_grads(
     tiles: Tiles,
     fp32_dot: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dh is fp32. -> (dq, dk [B, T, H, K] fp32 (dk without the WY part), dw [B, T, HV, K] in k's dtype,
+    """dh is in k's dtype or fp32. -> (dq, dk [B, T, H, K] fp32 (dk without the WY part), dw [B, T, HV, K] in k's dtype,
     dG [B, T, HV, NK] fp32 per K slice)."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]

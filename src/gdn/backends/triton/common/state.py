@@ -710,16 +710,20 @@ def state_backward(
     exact_dot: str,
     maps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """-> (dh [chunks, HV, K, V] fp32, dv (written over dv_local), dh0 fp32 or None).
+    """-> (dh [chunks, HV, K, V], dv (written over dv_local), dh0 fp32 or None).
 
     maps: state_forward's segment summaries over the same plan; where the backward splits too, it reads
     its maps from them (transposed) instead of computing them.
 
-    dh stays fp32: it carries the final state's gradient, and its bf16 rounding was the largest error
-    in the gate gradient (tokens near the end of a sequence)."""
+    dh is in k's dtype (as h), and fp32 where the call output its final state (autograd then hands
+    the backward that state's gradient, zeros if unused): dh carries it, and its bf16 rounding was the
+    largest error in the gate gradient (tokens near the end of a sequence). Without a final state (a
+    training step), half-precision dh halves the backward's largest buffer (268 MB in fp32 at one
+    sequence of 8,192 tokens and 32 value heads). The kernel class (`output_final_state`) decides
+    which, so no call compiles a binary its dry run did not."""
     HV, V = do.shape[2], do.shape[3]
     K = k.shape[3]
-    dh = torch.empty(plan.num_chunks, HV, K, V, dtype=torch.float32, device=k.device)
+    dh = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype if dht is None else torch.float32, device=k.device)
     dh0 = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if want_dh0 else None
     with device_guard(k):
         _state_pass(
