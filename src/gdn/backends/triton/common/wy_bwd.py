@@ -73,14 +73,12 @@ def _wy_bwd_kernel(
         # w = T (beta exp(G) k). With P = dw k^T: dT gets P diag(beta exp(G)), and the row sums of
         # (T^T dw) o k, which beta and G need, are the column sums of T o P.
         P = tl.zeros([BT, BT], dtype=tl.float32)
-        kk = tl.zeros([BT, BT], dtype=tl.float32)
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
             m_tk = mt[:, None] & (o_k < K)[None, :]
             kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             P += mma(dwt, tl.trans(kt), FP32_DOT)
-            kk += mma(kt, tl.trans(kt), FP32_DOT)
         dkb_k = tl.sum(A.to(tl.float32) * P, 0) * eG
         db = dkb_k
         dG_t = dkb_k * b
@@ -103,6 +101,13 @@ def _wy_bwd_kernel(
         dA = -mma(cast_as(mma(AT, dT, FP32_DOT), k), AT, FP32_DOT)
         dA *= masked_exp(G[:, None] - G[None, :], (o_t[:, None] > o_t[None, :]) & mt[:, None])
         dAs += dA * b[:, None]
+        # K K^T only now (k again, from cache): held from the first K loop it stayed live beside P,
+        # dT and dA, and the kernel spilled
+        kk = tl.zeros([BT, BT], dtype=tl.float32)
+        for k0 in range(0, K, BK):
+            o_k = k0 + tl.arange(0, BK)
+            kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=mt[:, None] & (o_k < K)[None, :], other=0.0)
+            kk += mma(kt, tl.trans(kt), FP32_DOT)
         dAkk = dA * kk
         db += tl.sum(dAkk, 1)
         dAA = dAkk * b[:, None]  # dA_ij * A_ij
