@@ -71,16 +71,15 @@ SWEEP = [
     {"output_bv": 64},
     # the state passes' slices and split (config.state_slice, config.could_split): the split off, at 3
     # and 4 programs per SM, shorter and longer segments, the forward alone; 32-wide slices where the
-    # rule takes 16; the combine's map products in other column slices
+    # rule takes 16
     {"segment_programs": 0},
     {"segment_programs": 3},
     {"segment_programs": 4},
     {"segment_chunks": 4},
     {"segment_chunks": 16},
     {"split_backward": 0},
+    {"combine_stages": 3},
     {"state_bv_narrow": 32},
-    {"combine_bc": 16},
-    {"combine_bc": 64},
     # ncu on the H200: the state passes run one program per SM, held there by the shared memory of their
     # pipeline (117 KiB forward, 165 KiB backward at 3 stages), at one warp per scheduler issuing every
     # 4-5 cycles: latency-bound, DRAM at 40%. Fewer stages let two programs share an SM, which only

@@ -219,33 +219,30 @@ def test_half_precision_varlen_with_half_gates(gen):
     )
 
 
-def split_every(monkeypatch, chunks: int, combine_bc: int | None = None) -> None:
+def split_every(monkeypatch, chunks: int) -> None:
     """Make the state passes split every sequence longer than `chunks` chunks into segments of that
-    many: a device of many SMs (the interpreter counts one) and the shortest segment lowered; with
-    `combine_bc`, the combine's map products in column slices that wide (the interpreter's tiles take
-    the whole map at once)."""
+    many: a device of many SMs (the interpreter counts one) and the shortest segment lowered."""
     monkeypatch.setattr(config, "processors", lambda device: 100_000)
-    knobs = {"segment_chunks": chunks, "segment_programs": 3}
-    monkeypatch.setattr(config, "OVERRIDES", knobs if combine_bc is None else knobs | {"combine_bc": combine_bc})
+    monkeypatch.setattr(config, "OVERRIDES", {"segment_chunks": chunks, "segment_programs": 3})
 
 
-# (B or sequence bounds, T, chunks per segment, initial state, l2norm, combine slice): a split with a
-# short last segment, one segment per chunk, sequences at and under one segment, an empty one; K = 48
-# in 16-wide slices leaves the last slice of the (64-padded) map without columns.
+# (B or sequence bounds, T, chunks per segment, initial state, l2norm): a split with a short last
+# segment, one segment per chunk, sequences at and under one segment, an empty one; K = 48 leaves the
+# last 16 rows and columns of the (64-padded) map masked.
 SPLIT_CASES = [
-    (2, 200, 3, True, True, 16),
-    (1, 330, 1, False, False, None),
-    ([0, 0, 70, 300, 330], 330, 2, True, True, 16),
-    ([0, 128, 129, 400], 400, 2, False, True, None),
+    (2, 200, 3, True, True),
+    (1, 330, 1, False, False),
+    ([0, 0, 70, 300, 330], 330, 2, True, True),
+    ([0, 128, 129, 400], 400, 2, False, True),
 ]
 
 
 @pytest.mark.shape_grid
-@pytest.mark.parametrize(("batch", "T", "chunks", "with_state", "l2norm", "combine_bc"), SPLIT_CASES)
-def test_split_state_passes_match_fp64_recurrence(batch, T, chunks, with_state, l2norm, combine_bc, gen, monkeypatch):
+@pytest.mark.parametrize(("batch", "T", "chunks", "with_state", "l2norm"), SPLIT_CASES)
+def test_split_state_passes_match_fp64_recurrence(batch, T, chunks, with_state, l2norm, gen, monkeypatch):
     """Sequences split into segments whose summaries are combined (the parallel state passes of one
     long sequence): the output, the final state and every gradient, as the unsplit passes."""
-    split_every(monkeypatch, chunks, combine_bc)
+    split_every(monkeypatch, chunks)
     bounds = batch if isinstance(batch, list) else None
     N = len(bounds) - 1 if bounds else batch
     inputs = make_inputs(gen, T, 1, 2, 48, 40, B=1 if bounds else batch, N=N, with_state=with_state)
@@ -409,7 +406,10 @@ def test_state_kernels_compile_for_hopper():
     of 128 x 128 (split and whole), bf16 and fp32 with 16 heads of 256 x 256 (never split). One binary
     per kernel but the combine's two (the forward's maps read by rows, the backward's transposed: their
     strides are constants, so that both read 16 bytes at a time), every one within an H200 SM's shared
-    memory, and no spills at K = 128 (the combine's K x K map of fp32 spilled while it was held whole)."""
+    memory, and no spills at K = 128 but the combine's few bytes: it holds a whole K x K fp32 map, which
+    tf32x3 splits in registers (16 bytes of spills at 2 stages), and on the H200 that walk took 0.175 ms
+    at 4 value heads against 0.253 for products in 32-column slices against a seed read back, which did
+    not spill."""
     result = run_on_hopper_compiler(STATE_SCENARIO)
     # the combine's map, seed and summary reads are 16-byte copies (4-byte ones while the map's strides
     # were runtime values: 48 of them a thread and step)
@@ -423,7 +423,10 @@ def test_state_kernels_compile_for_hopper():
         assert binaries == {name: 2 if name == "_state_combine_kernel" else 1 for name in usage}, (case, binaries)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
-    spills = {n: u for n, b in result["bf16 K=128"].items() for u in b.values() if u["spill_bytes"] not in (0, None)}
+    allowed = {"_state_combine_kernel": 32}
+    spills = {
+        n: u for n, b in result["bf16 K=128"].items() for u in b.values() if (u["spill_bytes"] or 0) > allowed.get(n, 0)
+    }
     assert not spills, spills
 
 

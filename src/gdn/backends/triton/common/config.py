@@ -52,7 +52,7 @@ class Tiles:
     wu_warps: int
     state_warps: int
     combine_warps: int
-    combine_bc: int  # column slice of the combine's K x K map products
+    combine_stages: int  # software pipelining of the combine's walk (the next maps load while one multiplies)
     output_warps: int
     dv_warps: int
     dqkwg_warps: int
@@ -97,10 +97,10 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         state_bv_narrow=VP,
         output_bv=VP,
         wy_bwd_bk=KP,
-        combine_bc=KP,
         num_stages=1,
         state_stages=1,
         state_bwd_stages=1,
+        combine_stages=1,
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
@@ -135,11 +135,11 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         state_bv_narrow=min(16, VP),
         output_bv=min(128, VP),
         wy_bwd_bk=min(64, KP),
-        combine_bc=min(32, KP),
         prepare_warps=1,
         wu_warps=4,
         state_warps=4,
         combine_warps=wide,
+        combine_stages=2,
         output_warps=4,
         dv_warps=4,
         dqkwg_warps=wide,

@@ -252,35 +252,27 @@ def _combine_step(
     K: tl.constexpr,
     V: tl.constexpr,
     KP: tl.constexpr,
-    BC: tl.constexpr,
     DOT: tl.constexpr,
 ):
     """The walk's i-th segment: its seed is S, and P S + B what it passes on, B from its summary, P from
     `maps` (the same summaries, or the forward's read transposed: P_ROWS and P_COLS are its strides).
-
-    P S is summed over BC-wide column slices of P against the seed read back from `seeds`: a whole
-    K x K map of fp32 held in registers spilled (255 registers and 524 bytes of spills at K = 128 on
-    sm_90; the slices take 196 and none, at the same speed on the H200). The seed was stored by other
-    threads of the program, hence the barrier."""
+    Neither load depends on S, so the pipelined walk fetches the next segments' maps while this one
+    multiplies."""
     i_s = s0 + i + REVERSE * (s1 - 1 - 2 * i - s0)
     o_k = tl.arange(0, KP)
     mk = o_k < K
     mv = o_v < V
     at = (i_s * HV + i_hv).to(tl.int64) * K
-    seed = seeds + at * V
-    tl.store(seed + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
-    tl.debug_barrier()
+    tl.store(seeds + at * V + o_k[:, None] * V + o_v[None, :], S, mask=mk[:, None] & mv[None, :])
     acc = tl.load(
         summary + at * (V + K) + o_k[:, None] * (V + K) + o_v[None, :], mask=mk[:, None] & mv[None, :], other=0.0
     )
-    p_P = maps + at * (V + K) + V + o_k[:, None] * P_ROWS
-    for c0 in range(0, KP, BC):
-        o_c = c0 + tl.arange(0, BC)
-        mc = o_c < K
-        P = tl.load(p_P + o_c[None, :] * P_COLS, mask=mk[:, None] & mc[None, :], other=0.0)
-        Sc = tl.load(seed + o_c[:, None] * V + o_v[None, :], mask=mc[:, None] & mv[None, :], other=0.0)
-        acc += tl.dot(P, Sc, input_precision=DOT)
-    return acc
+    P = tl.load(
+        maps + at * (V + K) + V + o_k[:, None] * P_ROWS + o_k[None, :] * P_COLS,
+        mask=mk[:, None] & mk[None, :],
+        other=0.0,
+    )
+    return acc + tl.dot(P, S, input_precision=DOT)
 
 
 @triton.jit
@@ -309,7 +301,6 @@ def _state_combine_kernel(
     V: tl.constexpr,
     KP: tl.constexpr,
     BV: tl.constexpr,
-    BC: tl.constexpr,
     HAS_START,
     STORE_END,
     REVERSE,
@@ -332,15 +323,11 @@ def _state_combine_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i = 0
         while i < s1 - s0:
-            S = _combine_step(
-                S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, BC, DOT
-            )
+            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
             i += 1
     else:
         for i in range(0, s1 - s0):
-            S = _combine_step(
-                S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, BC, DOT
-            )
+            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
     if STORE_END != 0:
         tl.store(end + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -629,13 +616,13 @@ def _state_pass(
             V=V,
             KP=tiles.KP,
             BV=bv,
-            BC=tiles.combine_bc,
             HAS_START=int(start is not None),
             STORE_END=int(end is not None),
             REVERSE=int(reverse),
             IS_VARLEN=int(plan.is_varlen),
             DOT=exact_dot,
             num_warps=narrow_slice_warps(tiles.combine_warps, bv),
+            num_stages=tiles.combine_stages,
         )
         start, end = seeds, None
     launch(kernel, (segments.count * HV, cdiv(V, bv)))(

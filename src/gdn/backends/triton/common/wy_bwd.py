@@ -106,7 +106,8 @@ def _wy_bwd_kernel(
         kk = tl.zeros([BT, BT], dtype=tl.float32)
         for k0 in range(0, K, BK):
             o_k = k0 + tl.arange(0, BK)
-            kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=mt[:, None] & (o_k < K)[None, :], other=0.0)
+            m_tk = mt[:, None] & (o_k < K)[None, :]
+            kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             kk += mma(kt, tl.trans(kt), FP32_DOT)
         dAkk = dA * kk
         db += tl.sum(dAkk, 1)
