@@ -216,7 +216,7 @@ def _plan(call: GdnCall) -> ChunkPlan:
     s = call.shapes
     plan = plan_chunks(s.B, s.T, call.cu_seqlens, CHUNK, call.q.device)
     tiles = tiles_for(s.K, s.V, call.k.element_size())
-    length = segment_length(tiles, plan.num_sequences * s.HV, s.V, plan.longest, call.q.device)
+    length = segment_length(tiles, plan.num_sequences * s.HV, s.HV, s.V, plan.longest, call.q.device)
     return split_sequences(plan, length) if length else plan
 
 

@@ -32,10 +32,17 @@ OVERRIDES: dict[str, int] = {}
 # most (3.37 -> 2.00). Hence the slice and split rule in state_slice and could_split below.
 SEGMENT_CHUNKS = 8
 SEGMENT_PROGRAMS = 2
-# The split is compiled (sm_90) and timed only up to K = 128: when the combine held a whole K x K map,
-# K = 256 asked for 576 KiB of shared memory where an H200 SM has 227 KiB; its map products now go by
-# column slices, but nothing wider has been compiled or timed.
+# The split is compiled (sm_90) and timed only up to K = 128: the combine holds a segment's whole K x K
+# fp32 map (64 KiB a pipeline stage at K = 128); at K = 256 one map alone would be 256 KiB, over the
+# 227 KiB of an H200 SM.
 MAX_SPLIT_KP = 128
+# The split's slice: 64 columns (state_bv) where the segments that fill the device at segment_programs
+# programs per SM stay at most this many a sequence (the combine walks them in order), else 32
+# (state_bv_short). Measured on the H200 (2026-12-02, one sequence of 32,768 tokens, bf16, K = V = 128,
+# fwd+bwd summed kernel time, after the combine took whole maps): 8 value heads 2.96 -> 2.52 ms with
+# 64 columns (17 segments; summaries 0.75 -> 0.49 ms, passes 0.87 -> 0.49, the combine 0.10 -> 0.28);
+# 4 value heads 1.50 -> 1.67 (33 segments: the combine 0.18 -> 0.53).
+MAX_WALK = 24
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Tiles:
     prepare_warps: int
     wu_warps: int
     state_warps: int
+    combine_bv: int  # V slice of the combine, whatever the split passes' slice (its own grid)
     combine_warps: int
     combine_stages: int  # software pipelining of the combine's walk (the next maps load while one multiplies)
     output_warps: int
@@ -96,6 +104,7 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         state_bv_short=VP,
         state_bv_narrow=VP,
         output_bv=VP,
+        combine_bv=VP,
         wy_bwd_bk=KP,
         num_stages=1,
         state_stages=1,
@@ -134,6 +143,9 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         state_bv_short=min(32, VP),
         state_bv_narrow=min(16, VP),
         output_bv=min(128, VP),
+        # the combine holds a K x K map beside its [K, combine_bv] state: 64 columns spilled 164 bytes
+        # at K = 128 (ptxas, sm_90), 32 spill 16
+        combine_bv=min(32, VP),
         wy_bwd_bk=min(64, KP),
         prepare_warps=1,
         wu_warps=4,
@@ -160,18 +172,30 @@ def narrow_slice_warps(warps: int, *slices: int) -> int:
     return warps if min(slices) >= 32 else min(warps, 4)
 
 
-def state_slice(tiles: Tiles, sequences_x_heads: int, V: int, device) -> int:
-    """The V slice of a whole (unsplit) state pass: tiles.state_bv while the grid still covers every SM,
-    tiles.state_bv_short while it covers three quarters of them or where the batch splits its long
-    sequences (the split's slice: a class shares its binaries between its split and whole calls),
-    else tiles.state_bv_narrow. Depends on the batch, never on the sequence length."""
+def state_slice(tiles: Tiles, sequences_x_heads: int, heads: int, V: int, device) -> int:
+    """The V slice of a whole (unsplit) state pass: tiles.state_bv while the grid still covers every SM;
+    where the batch's long sequences would split, the split's (split_slice: a class shares its
+    binaries between its split and whole calls); tiles.state_bv_short while the grid covers three
+    quarters of the SMs; else tiles.state_bv_narrow. Depends on the batch, never on the sequence
+    length."""
     sms = processors(device)
     if sequences_x_heads * cdiv(V, tiles.state_bv) >= sms:
         return tiles.state_bv
-    short = sequences_x_heads * cdiv(V, tiles.state_bv_short)
-    if 4 * short >= 3 * sms or could_split(tiles, sequences_x_heads, V, device):
+    if could_split(tiles, sequences_x_heads, V, device):
+        return split_slice(tiles, heads, V, device)
+    if 4 * sequences_x_heads * cdiv(V, tiles.state_bv_short) >= 3 * sms:
         return tiles.state_bv_short
     return tiles.state_bv_narrow
+
+
+def split_slice(tiles: Tiles, heads: int, V: int, device) -> int:
+    """The V slice where a batch of `heads` value heads splits its long sequences: tiles.state_bv where
+    one sequence's segments (at tiles.segment_programs programs per SM) stay at most MAX_WALK, else
+    tiles.state_bv_short. Read for one sequence whatever the batch (more sequences only shorten the
+    walk), so that every call of a kernel class that splits takes the same binaries."""
+    if tiles.segment_programs * processors(device) <= MAX_WALK * heads * cdiv(V, tiles.state_bv):
+        return tiles.state_bv
+    return tiles.state_bv_short
 
 
 def could_split(tiles: Tiles, sequences_x_heads: int, V: int, device) -> bool:
@@ -183,14 +207,14 @@ def could_split(tiles: Tiles, sequences_x_heads: int, V: int, device) -> bool:
     return tiles.segment_programs > 0 and tiles.KP <= MAX_SPLIT_KP and 8 * programs < 3 * processors(device)
 
 
-def segment_length(tiles: Tiles, sequences_x_heads: int, V: int, longest: int, device) -> int:
+def segment_length(tiles: Tiles, sequences_x_heads: int, heads: int, V: int, longest: int, device) -> int:
     """Chunks per segment where the state passes split the sequences (aiming at tiles.segment_programs
     programs per SM), or 0 where they do not, and for sequences within one segment. A function of the
     batch, the heads and the longest sequence's chunk count; the kernels take segment lengths as runtime
     arguments, so no length compiles a binary of its own."""
     if not could_split(tiles, sequences_x_heads, V, device):
         return 0
-    programs = sequences_x_heads * cdiv(V, tiles.state_bv_short)
+    programs = sequences_x_heads * cdiv(V, split_slice(tiles, heads, V, device))
     wanted = cdiv(tiles.segment_programs * processors(device), programs)
     length = max(tiles.segment_chunks, cdiv(longest, wanted))
     return length if longest > length else 0

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, state_slice
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, split_slice, state_slice
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
@@ -592,16 +592,16 @@ def _state_pass(
     warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_bwd_stages if reverse else tiles.state_stages)
     summary = None
     if plan.split is None:
-        bv = state_slice(tiles, N * HV, V, like.device)
+        bv = state_slice(tiles, N * HV, HV, V, like.device)
     else:
-        bv = tiles.state_bv_short
+        bv = split_slice(tiles, HV, V, like.device)
         summary = torch.empty(segments.count, HV, K, V + K, dtype=torch.float32, device=like.device)
         columns = cdiv(V, bv) + (0 if maps is not None else cdiv(K, bv))
         launch(summary_kernel, (segments.count * HV, columns))(
             *reads, summary, *layout, *scalars, **shapes, BV=bv, FP32_DOT=fp32_dot, **warps
         )
         seeds = torch.empty(segments.count, HV, K, V, dtype=torch.float32, device=like.device)
-        launch(_state_combine_kernel, (N * HV, cdiv(V, bv)))(
+        launch(_state_combine_kernel, (N * HV, cdiv(V, tiles.combine_bv)))(
             summary,
             summary if maps is None else maps,
             V + K if maps is None else 1,
@@ -615,13 +615,13 @@ def _state_pass(
             K=K,
             V=V,
             KP=tiles.KP,
-            BV=bv,
+            BV=tiles.combine_bv,
             HAS_START=int(start is not None),
             STORE_END=int(end is not None),
             REVERSE=int(reverse),
             IS_VARLEN=int(plan.is_varlen),
             DOT=exact_dot,
-            num_warps=narrow_slice_warps(tiles.combine_warps, bv),
+            num_warps=narrow_slice_warps(tiles.combine_warps, tiles.combine_bv),
             num_stages=tiles.combine_stages,
         )
         start, end = seeds, None
