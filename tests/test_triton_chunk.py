@@ -319,24 +319,26 @@ def test_state_slices_and_splits_follow_the_idle_sms(monkeypatch):
     """On a 132-SM device with 128-wide values: 64-wide slices where they fill it, 32-wide where those
     cover three quarters of it (one sequence of 32 heads), 16-wide below (16 heads), and splitting
     where 32-wide slices would leave more than five eighths idle (12 heads and fewer; a sequence too
-    short to split keeps the split's slice), in 64-wide slices where the segments stay at most
-    MAX_WALK a sequence (12 and 8 heads) and 32-wide below (4 heads): segments for about two programs
-    per SM, never under the shortest segment, none for a sequence within one segment or where K is
-    over 128, and none with segment_programs = 0 (16-wide slices then)."""
+    short to split keeps the split's slice), in 64-wide slices where WALK segments of one sequence
+    give seven eighths of a program per SM (4 heads and more) and 32-wide below (2 heads): segments
+    for about two programs per SM, at most WALK a sequence, never under the shortest segment, none for
+    a sequence within one segment or where K is over 128, and none with segment_programs = 0 (16-wide
+    slices then)."""
     monkeypatch.setattr(config, "processors", lambda device: 132)
     # the GPU's slices, also under the interpreter
     monkeypatch.setattr(config, "OVERRIDES", {"state_bv": 64, "state_bv_short": 32, "state_bv_narrow": 16})
     tiles, cpu = config.tiles_for(128, 128, 2), torch.device("cpu")
     assert [config.state_slice(tiles, n, n, 128, cpu) for n in (128, 66, 64, 32, 25, 24, 13, 12, 4)] == [
         *(64, 64, 32, 32, 32),
-        *(16, 16, 64, 32),
+        *(16, 16, 64, 64),
     ]
-    assert [config.split_slice(tiles, n, 128, cpu) for n in (12, 8, 6, 4)] == [64, 64, 64, 32]
-    # three sequences of 4 heads split in the slice of one (a class's calls share their binaries)
-    assert config.state_slice(tiles, 12, 4, 128, cpu) == 32
+    assert [config.split_slice(tiles, n, 128, cpu) for n in (12, 8, 4, 3, 2)] == [64, 64, 64, 32, 32]
+    # three sequences of 2 heads split in the slice of one (a class's calls share their binaries)
+    assert config.state_slice(tiles, 6, 2, 128, cpu) == 32
     assert [config.could_split(tiles, n, 128, cpu) for n in (32, 16, 13, 12, 8, 4)] == [False] * 3 + [True] * 3
     assert config.segment_length(tiles, 8, 8, 128, 128, cpu) == 8  # 16 segments: 256 programs
-    assert config.segment_length(tiles, 4, 4, 128, 512, cpu) == 31  # 17 segments: 272 programs
+    assert config.segment_length(tiles, 4, 4, 128, 512, cpu) == 32  # 16 segments (WALK): 128 programs
+    assert config.segment_length(tiles, 2, 2, 128, 512, cpu) == 32  # 16 segments of 32 columns: 128
     assert config.segment_length(tiles, 8, 8, 128, 20, cpu) == tiles.segment_chunks
     assert config.segment_length(tiles, 8, 8, 128, tiles.segment_chunks, cpu) == 0
     assert config.segment_length(tiles, 16, 16, 128, 512, cpu) == 0

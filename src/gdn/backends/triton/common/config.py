@@ -36,13 +36,13 @@ SEGMENT_PROGRAMS = 2
 # fp32 map (64 KiB a pipeline stage at K = 128); at K = 256 one map alone would be 256 KiB, over the
 # 227 KiB of an H200 SM.
 MAX_SPLIT_KP = 128
-# The split's slice: 64 columns (state_bv) where the segments that fill the device at segment_programs
-# programs per SM stay at most this many a sequence (the combine walks them in order), else 32
-# (state_bv_short). Measured on the H200 (2026-12-02, one sequence of 32,768 tokens, bf16, K = V = 128,
-# fwd+bwd summed kernel time, after the combine took whole maps): 8 value heads 2.96 -> 2.52 ms with
-# 64 columns (17 segments; summaries 0.75 -> 0.49 ms, passes 0.87 -> 0.49, the combine 0.10 -> 0.28);
-# 4 value heads 1.50 -> 1.67 (33 segments: the combine 0.18 -> 0.53).
-MAX_WALK = 24
+# A split sequence's segments: at most WALK (the combine walks them in order), in 64-column slices
+# (state_bv) where those still give about one program per SM, else 32 (state_bv_short). Measured on the
+# H200 (2026-12-02, one sequence of 32,768 tokens, bf16, K = V = 128, fwd+bwd summed kernel time, the
+# whole-map combine): 2 value heads 0.995 ms at 33 segments of 32 columns, 0.868 at 16 of 64, 0.814 at
+# 16 of 32; 4 value heads 1.496 at 17 of 32, 1.474 at 33 of 64, 1.457 at 16 of 32, 1.269 at 16 of 64;
+# 8 value heads 2.96 at 17 of 32, 2.74 at 9 of 64, 2.41 at 17 of 64.
+WALK = 16
 
 
 @dataclass(frozen=True)
@@ -190,10 +190,10 @@ def state_slice(tiles: Tiles, sequences_x_heads: int, heads: int, V: int, device
 
 def split_slice(tiles: Tiles, heads: int, V: int, device) -> int:
     """The V slice where a batch of `heads` value heads splits its long sequences: tiles.state_bv where
-    one sequence's segments (at tiles.segment_programs programs per SM) stay at most MAX_WALK, else
-    tiles.state_bv_short. Read for one sequence whatever the batch (more sequences only shorten the
-    walk), so that every call of a kernel class that splits takes the same binaries."""
-    if tiles.segment_programs * processors(device) <= MAX_WALK * heads * cdiv(V, tiles.state_bv):
+    one sequence's WALK segments in it give at least seven eighths of a program per SM, else
+    tiles.state_bv_short. Read for one sequence whatever the batch, so that every call of a kernel
+    class that splits takes the same binaries."""
+    if 8 * WALK * heads * cdiv(V, tiles.state_bv) >= 7 * processors(device):
         return tiles.state_bv
     return tiles.state_bv_short
 
@@ -209,12 +209,12 @@ def could_split(tiles: Tiles, sequences_x_heads: int, V: int, device) -> bool:
 
 def segment_length(tiles: Tiles, sequences_x_heads: int, heads: int, V: int, longest: int, device) -> int:
     """Chunks per segment where the state passes split the sequences (aiming at tiles.segment_programs
-    programs per SM), or 0 where they do not, and for sequences within one segment. A function of the
-    batch, the heads and the longest sequence's chunk count; the kernels take segment lengths as runtime
-    arguments, so no length compiles a binary of its own."""
+    programs per SM, at most WALK segments a sequence), or 0 where they do not, and for sequences within
+    one segment. A function of the batch, the heads and the longest sequence's chunk count; the kernels
+    take segment lengths as runtime arguments, so no length compiles a binary of its own."""
     if not could_split(tiles, sequences_x_heads, V, device):
         return 0
     programs = sequences_x_heads * cdiv(V, split_slice(tiles, heads, V, device))
-    wanted = cdiv(tiles.segment_programs * processors(device), programs)
+    wanted = min(WALK, cdiv(tiles.segment_programs * processors(device), programs))
     length = max(tiles.segment_chunks, cdiv(longest, wanted))
     return length if longest > length else 0
