@@ -600,13 +600,29 @@ def test_a_dense_and_a_packed_call_launch_the_same_binaries(monkeypatch, gen):
 def test_narrow_slices_launch_at_most_four_warps(monkeypatch):
     """With 16-wide slices, 8 warps made qk_grads fault and the WY backward return wrong fp32 gradients
     on the H200: those launches are capped at 4, while slices of 32 or more keep the configured 8."""
-    narrow = dict(BK=16, BV=16, wy_bwd_bk=16, dqkwg_warps=8, wy_bwd_warps=8)
+    narrow = dict(BK=16, BV=16, wy_bwd_bk=16, qk_grads_bk=16, dqkwg_warps=8, wy_bwd_warps=8)
     monkeypatch.setattr(config, "OVERRIDES", narrow)
     launches = Launches(monkeypatch)
     run_op(70)
     warps = {kernel.fn.__name__: kwargs["num_warps"] for kernel, _, _, kwargs, _ in launches.calls}
     assert warps["_qk_grads_kernel"] == 4 and warps["_wy_bwd_kernel"] == 4, warps
     assert config.narrow_slice_warps(8, 32, 64) == 8
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("final_state", [False, True])
+def test_qk_grads_runs_per_value_head_over_the_whole_key(final_state, gen, monkeypatch):
+    """qk_grads takes one value head a program and, up to K = 128, the whole K in one slice (its dq and
+    dk per value head, summed over the group by the WY backward); a call that outputs its final state
+    (fp32 dh: two half dots a product) takes 64-column slices."""
+    launches = Launches(monkeypatch)
+    inputs = make_inputs(gen, 70, 2, 4, 128, 32, dtype=torch.bfloat16, with_state=False)
+    leaves = [x.to(DEVICE).requires_grad_() for x in inputs[:5]]
+    o, final = triton_op(*leaves, output_final_state=final_state)
+    (o.float().sum() + (final.sum() if final_state else 0)).backward()
+    (grid, kwargs) = next((g, kw) for kern, g, _, kw, _ in launches.calls if kern.fn.__name__ == "_qk_grads_kernel")
+    bk = 64 if final_state else 128
+    assert kwargs["BK"] == bk and grid[1:] == (128 // bk, 4), (grid, kwargs["BK"])
 
 
 def compiled_binaries(kernel) -> int:

@@ -3,8 +3,9 @@ of Triton kernels, one module per stage under `common/`.
 
 Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -> output.
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
-are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk, dw and
-the gate gradient per chunk -> WY backward (dk, dv, dbeta, dg) -> l2norm backward.
+are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk (per
+value head), dw and the gate gradient per chunk -> WY backward (dq and dk summed over each group, dv,
+dbeta, dg) -> l2norm backward.
 
 Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
 per token and head) and the initial state.
@@ -111,9 +112,10 @@ def _backward(
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
     dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
     del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
-    dq, dk, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+    dq_parts, dk_parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
     del h, dh, v_new
-    dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dk, dG, plan, tiles, fp32_dot)
+    dq, dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dq_parts, dk_parts, dG, plan, tiles, fp32_dot)
+    del dq_parts, dk_parts
 
     if saved.use_qk_l2norm_in_kernel:
         dq = l2norm_bwd(q, q_rstd, dq)

@@ -1,6 +1,5 @@
 """Backward through the output and the state update of each chunk, one program per (chunk, K slice,
-query/key head), looping over the head's group of value heads so that dq and dk are summed over the
-group in registers:
+value head):
 
     dq = scale exp(G) (do S^T) + dP k,            dP = scale (do v_new^T) . exp(G_i - G_j), causal
     dk = exp(G_last - G) (v_new dS^T) + dP^T q
@@ -9,8 +8,12 @@ group in registers:
            exp(G_last) <S, dS> + sum_i k_i.(exp(G_last - G_i) dS v_new_i)
 
 S is the state entering the chunk, dS the gradient w.r.t. the state leaving it, dv the full value
-gradient from the backward state pass. dG (w.r.t. the cumulative gate) is written per K slice; the WY
-backward adds the slices, its own part, and turns it into dg.
+gradient from the backward state pass. dq and dk come out per value head, in k's dtype; the WY
+backward sums them over each query/key head's group. With the whole K in one slice (K <= 128), a
+program holds three [64, K] accumulators and reads v_new, do and dv once: summing the group in
+registers as well took five, which spilled at K = 128 and split K in two, each slice reading them and
+forming dP again. dG (w.r.t. the cumulative gate) is written per K slice; the WY backward adds the
+slices, its own part, and turns it into dg.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ def _qk_grads_kernel(
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
-    i_c, i_k, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_c, i_k, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
     mt = i_t * BT + o_t < T_n
@@ -64,62 +68,55 @@ def _qk_grads_kernel(
     o_k = i_k * BK + tl.arange(0, BK)
     mk = o_k < K
     m_tk = mt[:, None] & mk[None, :]
-    p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
     causal = (o_t[:, None] >= o_t[None, :]) & mt[:, None]
+    state = (i_c * HV + i_hv).to(tl.int64) * K * V
+    G = tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0)
+    G_last = tl.load(gc + (bos + i_t * BT + last).to(tl.int64) * HV + i_hv)
 
-    dq_sum = tl.zeros([BT, BK], dtype=tl.float32)
-    dk_sum = tl.zeros([BT, BK], dtype=tl.float32)
-    for i_g in range(HV // H):
-        i_hv = i_h * (HV // H) + i_g
-        state = (i_c * HV + i_hv).to(tl.int64) * K * V
-        G = tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0)
-        G_last = tl.load(gc + (bos + i_t * BT + last).to(tl.int64) * HV + i_hv)
+    dq_g = tl.zeros([BT, BK], dtype=tl.float32)
+    dk_g = tl.zeros([BT, BK], dtype=tl.float32)
+    dw_g = tl.zeros([BT, BK], dtype=tl.float32)
+    dp = tl.zeros([BT, BT], dtype=tl.float32)
+    s_dot_ds = tl.zeros([BK], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        mv = o_v < V
+        m_vk = mv[:, None] & mk[None, :]
+        ST = tl.load(h + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+        dST = tl.load(dh + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
+        m_tv = mt[:, None] & mv[None, :]
+        p_tv = (tok * HV + i_hv)[:, None] * V + o_v[None, :]
+        vn = tl.load(v_new + p_tv, mask=m_tv, other=0.0)
+        do_t = tl.load(do + p_tv, mask=m_tv, other=0.0)
+        dv_t = tl.load(dv + p_tv, mask=m_tv, other=0.0)
+        dq_g += mma(do_t, ST, FP32_DOT)
+        if dh.dtype.element_ty == k.dtype.element_ty:
+            dk_g += mma(vn, dST, FP32_DOT)
+        else:  # fp32 dS of half inputs (it carries the final-state gradient): hi + lo half dots keep ~16 bits
+            dS_hi = cast_as(dST, k)
+            dk_g += mma(vn, dS_hi, FP32_DOT) + mma(vn, cast_as(dST - dS_hi.to(tl.float32), k), FP32_DOT)
+        dw_g += mma(dv_t, ST, FP32_DOT)
+        dp += mma(do_t, tl.trans(vn), FP32_DOT)
+        s_dot_ds += tl.sum(ST.to(tl.float32) * dST.to(tl.float32), 0)
 
-        dq_g = tl.zeros([BT, BK], dtype=tl.float32)
-        dk_g = tl.zeros([BT, BK], dtype=tl.float32)
-        dw_g = tl.zeros([BT, BK], dtype=tl.float32)
-        dp = tl.zeros([BT, BT], dtype=tl.float32)
-        s_dot_ds = tl.zeros([BK], dtype=tl.float32)
-        for v0 in range(0, V, BV):
-            o_v = v0 + tl.arange(0, BV)
-            mv = o_v < V
-            m_vk = mv[:, None] & mk[None, :]
-            ST = tl.load(h + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
-            dST = tl.load(dh + state + o_k[None, :] * V + o_v[:, None], mask=m_vk, other=0.0)
-            m_tv = mt[:, None] & mv[None, :]
-            p_tv = (tok * HV + i_hv)[:, None] * V + o_v[None, :]
-            vn = tl.load(v_new + p_tv, mask=m_tv, other=0.0)
-            do_t = tl.load(do + p_tv, mask=m_tv, other=0.0)
-            dv_t = tl.load(dv + p_tv, mask=m_tv, other=0.0)
-            dq_g += mma(do_t, ST, FP32_DOT)
-            if dh.dtype.element_ty == k.dtype.element_ty:
-                dk_g += mma(vn, dST, FP32_DOT)
-            else:  # fp32 dS of half inputs (it carries the final-state gradient): hi + lo half dots keep ~16 bits
-                dS_hi = cast_as(dST, k)
-                dk_g += mma(vn, dS_hi, FP32_DOT) + mma(vn, cast_as(dST - dS_hi.to(tl.float32), k), FP32_DOT)
-            dw_g += mma(dv_t, ST, FP32_DOT)
-            dp += mma(do_t, tl.trans(vn), FP32_DOT)
-            s_dot_ds += tl.sum(ST.to(tl.float32) * dST.to(tl.float32), 0)
+    # q and k are loaded only now, to keep them out of the V loop's registers
+    p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
+    qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
+    kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
+    dq_g *= (scale * masked_exp(G, mt))[:, None]
+    dk_g *= masked_exp(G_last - G, mt)[:, None]
+    dG_last = tl.sum(s_dot_ds, 0) * tl.exp(G_last) + tl.sum(tl.sum(dk_g * kt.to(tl.float32), 1), 0)
+    p_hk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
+    tl.store(dw + p_hk, cast_as(-dw_g, dw), mask=m_tk)
 
-        # q and k are (re)loaded only now, to keep them out of the V loop's registers
-        qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
-        kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
-        dq_g *= (scale * masked_exp(G, mt))[:, None]
-        dk_g *= masked_exp(G_last - G, mt)[:, None]
-        dG_last = tl.sum(s_dot_ds, 0) * tl.exp(G_last) + tl.sum(tl.sum(dk_g * kt.to(tl.float32), 1), 0)
-        p_wk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
-        tl.store(dw + p_wk, cast_as(-dw_g, dw), mask=m_tk)
-
-        dp = cast_as(dp * scale * masked_exp(G[:, None] - G[None, :], causal), k)
-        dq_g += mma(dp, kt, FP32_DOT)
-        dk_g += mma(tl.trans(dp), qt, FP32_DOT)
-        dG_t = tl.sum(dq_g * qt.to(tl.float32), 1) - tl.sum(dk_g * kt.to(tl.float32), 1)
-        dG_t += tl.where(o_t == last, dG_last, 0.0)
-        tl.store(dG + (tok * HV + i_hv) * NK + i_k, dG_t, mask=mt)
-        dq_sum += dq_g
-        dk_sum += dk_g
-    tl.store(dq + p_qk, dq_sum, mask=m_tk)
-    tl.store(dk + p_qk, dk_sum, mask=m_tk)
+    dp = cast_as(dp * scale * masked_exp(G[:, None] - G[None, :], causal), k)
+    dq_g += mma(dp, kt, FP32_DOT)
+    dk_g += mma(tl.trans(dp), qt, FP32_DOT)
+    dG_t = tl.sum(dq_g * qt.to(tl.float32), 1) - tl.sum(dk_g * kt.to(tl.float32), 1)
+    dG_t += tl.where(o_t == last, dG_last, 0.0)
+    tl.store(dG + (tok * HV + i_hv) * NK + i_k, dG_t, mask=mt)
+    tl.store(dq + p_hk, cast_as(dq_g, dq), mask=m_tk)
+    tl.store(dk + p_hk, cast_as(dk_g, dk), mask=m_tk)
 
 
 def qk_grads(
@@ -136,17 +133,20 @@ def qk_grads(
     tiles: Tiles,
     fp32_dot: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dh is in k's dtype or fp32. -> (dq, dk [B, T, H, K] fp32 (dk without the WY part), dw [B, T, HV, K] in k's dtype,
-    dG [B, T, HV, NK] fp32 per K slice)."""
+    """dh is in k's dtype or fp32. -> (dq, dk [B, T, HV, K] per value head in k's dtype (dk without the
+    WY part), dw [B, T, HV, K] in k's dtype, dG [B, T, HV, NK] fp32 per K slice)."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
-    NK = cdiv(K, tiles.BK)
-    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=q.device)
+    # an fp32 dh (a call that outputs its final state) takes two half dots per product: 64-column slices
+    # then, as the whole K spilled 216 bytes (ptxas, sm_90)
+    bk = tiles.qk_grads_bk if dh.dtype == k.dtype else min(tiles.qk_grads_bk, 64)
+    NK = cdiv(K, bk)
+    dq = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
     dk = torch.empty_like(dq)
-    dw = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
+    dw = torch.empty_like(dq)
     dG = torch.empty(B, T, HV, NK, dtype=torch.float32, device=q.device)
     with device_guard(q):
-        launch(_qk_grads_kernel, (plan.num_chunks, NK, H))(
+        launch(_qk_grads_kernel, (plan.num_chunks, NK, HV))(
             q,
             k,
             v_new,
@@ -168,12 +168,12 @@ def qk_grads(
             K=K,
             V=V,
             BT=CHUNK,
-            BK=tiles.BK,
+            BK=bk,
             BV=tiles.BV,
             NK=NK,
             IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
-            num_warps=narrow_slice_warps(tiles.dqkwg_warps, tiles.BK, tiles.BV),
+            num_warps=narrow_slice_warps(tiles.dqkwg_warps, bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
     return dq, dk, dw, dG

@@ -1,6 +1,6 @@
 """Backward through the WY representation and the gate cumsum, one program per (chunk, query/key head)
-looping over the head's value heads, then completing dk (an fp32 buffer holding the output/state
-part) in one pass over K for the whole group.
+looping over the head's value heads, then writing dq and dk (fp32) in one pass over K for the whole
+group: the sums over its value heads of their output/state parts (from qk_grads) and dk's WY part.
 
 With w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1, A = beta_i k_i.k_j exp(G_i - G_j) (j < i):
     dT = dw (beta exp(G) k)^T + du (beta v)^T   (lower triangle: T has no other entries)
@@ -32,6 +32,9 @@ def _wy_bwd_kernel(
     Ai,
     dw,
     dv,
+    dq_parts,
+    dk_parts,
+    dq,
     dk,
     dbeta,
     dg,
@@ -50,8 +53,8 @@ def _wy_bwd_kernel(
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
-    """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dk (fp32)
-    holds the output/state part of the key gradient and is completed in place, once per chunk."""
+    """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dq_parts and
+    dk_parts hold each value head's output/state part of the query and key gradients."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -121,14 +124,15 @@ def _wy_bwd_kernel(
         tl.store(dg + tok * HV + i_hv, dg_t, mask=mt)
         tl.store(dbeta + tok * HV + i_hv, db, mask=mt)
 
-    # dk += (dA b + (dA b)^T) k + sum over value heads of diag(beta exp(G)) T^T dw
+    # dk = (dA b + (dA b)^T) k + sum over value heads of (their output/state part + diag(beta exp(G))
+    # T^T dw); dq = sum over value heads of their part
     dAs = cast_as(dAs + tl.trans(dAs), k)
     for k0 in range(0, K, BK):
         o_k = k0 + tl.arange(0, BK)
         m_tk = mt[:, None] & (o_k < K)[None, :]
         p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
         kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
-        dk_t = tl.load(dk + p_qk, mask=m_tk, other=0.0) + mma(dAs, kt, FP32_DOT)
+        dk_t = mma(dAs, kt, FP32_DOT)
         # T, beta and G are reloaded per K slice (from cache): keeping every value head's T in
         # registers across this loop would cost more than the loads
         for i_g in range(HV // H):
@@ -136,9 +140,17 @@ def _wy_bwd_kernel(
             b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
             eG = masked_exp(tl.load(gc + tok * HV + i_hv, mask=mt, other=0.0), mt)
             A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
-            dwt = tl.load(dw + (tok * HV + i_hv)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
+            p_hk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
+            dwt = tl.load(dw + p_hk, mask=m_tk, other=0.0)
             dk_t += mma(tl.trans(A), dwt, FP32_DOT) * (b * eG)[:, None]
+            dk_t += tl.load(dk_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
         tl.store(dk + p_qk, dk_t, mask=m_tk)
+        # dq after dk is stored, so that the two sums are not live together
+        dq_t = tl.zeros([BT, BK], dtype=tl.float32)
+        for i_g in range(HV // H):
+            p_hk = (tok * HV + i_h * (HV // H) + i_g)[:, None] * K + o_k[None, :]
+            dq_t += tl.load(dq_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
+        tl.store(dq + p_qk, dq_t, mask=m_tk)
 
 
 def wy_backward(
@@ -149,15 +161,19 @@ def wy_backward(
     Ai: torch.Tensor,
     dw: torch.Tensor,
     du: torch.Tensor,
-    dk: torch.Tensor,
+    dq_parts: torch.Tensor,
+    dk_parts: torch.Tensor,
     dG: torch.Tensor,
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (dk fp32 (completed in place), dv (written over du), dbeta fp32, dg fp32)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dq_parts, dk_parts: qk_grads' per value head. -> (dq, dk [B, T, H, K] fp32, dv (written over du),
+    dbeta fp32, dg fp32)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
+    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
+    dk = torch.empty_like(dq)
     dbeta = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     dg = torch.empty_like(dbeta)
     with device_guard(k):
@@ -169,6 +185,9 @@ def wy_backward(
             Ai,
             dw,
             du,
+            dq_parts,
+            dk_parts,
+            dq,
             dk,
             dbeta,
             dg,
@@ -189,4 +208,4 @@ def wy_backward(
             num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
-    return dk, du, dbeta, dg
+    return dq, dk, du, dbeta, dg
