@@ -68,6 +68,8 @@ SWEEP = [
     {"BV": 32},
     {"BV": 128},
     {"BK": 32, "dqkwg_warps": 4},
+    # qk_grads one value head a program over the whole K: 128 registers and no spills at 16 warps (ptxas)
+    {"dqkwg_warps": 16},
     {"output_bv": 64},
     # the state passes' slices and split (config.state_slice, config.could_split): the split off, at 3
     # and 4 programs per SM, shorter and longer segments, the forward alone; 32-wide slices where the
