@@ -429,7 +429,7 @@ def test_state_kernels_compile_for_hopper():
         assert binaries == {name: 2 if name == "_state_combine_kernel" else 1 for name in usage}, (case, binaries)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
-    allowed = {"_state_combine_kernel": 32}
+    allowed = {"_state_combine_kernel": 16}
     spills = {
         n: u for n, b in result["bf16 K=128"].items() for u in b.values() if (u["spill_bytes"] or 0) > allowed.get(n, 0)
     }
