@@ -436,6 +436,59 @@ def test_state_kernels_compile_for_hopper():
     assert not spills, spills
 
 
+STAGES_SCENARIO = """
+from gdn.backends.triton import chunk, l2norm
+from gdn.backends.triton.common import output, qk_grads, state, wy, wy_bwd
+from gdn.calls import PREPARE
+
+chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
+for name, f in list(vars(state).items()):  # the state passes have a test of their own
+    if isinstance(f, JITFunction) and name.endswith("_kernel"):
+        setattr(state, name, Recorder())
+modules = (wy, wy_bwd, output, qk_grads, l2norm)
+kernels = {(m, n): f for m in modules for n, f in vars(m).items() if isinstance(f, JITFunction) and n.endswith("_kernel")}
+
+
+def usage(dtype, final_state):
+    # one sequence of 256 tokens, 2 heads of 128 x 128 over 4 value heads, forward and backward
+    for m, name in kernels:
+        setattr(m, name, Recorder())
+    q, k = (torch.randn(1, 256, 2, 128, dtype=dtype) for _ in range(2))
+    v, beta = torch.randn(1, 256, 4, 128, dtype=dtype), torch.rand(1, 256, 4, dtype=dtype)
+    g = -torch.rand(1, 256, 4)
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, g, beta, use_qk_l2norm_in_kernel=True, output_final_state=final_state
+    )
+    with torch.no_grad():
+        o, final, kept, saved = chunk._forward(*chunk._arguments(call, chunk._plan(call)))
+        dht = torch.empty_like(final) if final_state else None
+        chunk._backward(kept, saved, torch.empty_like(o), dht, True)
+    found = {}
+    for (m, name), f in kernels.items():
+        for args, kwargs in getattr(m, name).launches:
+            found.setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
+    return found
+
+
+RESULT["bf16"] = usage(torch.bfloat16, False)
+RESULT["bf16, final state"] = usage(torch.bfloat16, True)  # dh in fp32
+RESULT["fp32, final state"] = usage(torch.float32, True)
+"""
+
+
+@pytest.mark.single_op
+def test_stage_kernels_fit_hopper():
+    """The chunk op's other stages (WY forward and backward, output, qk_grads, l2norm) through the
+    NVIDIA compiler for sm_90 at K = V = 128: bf16 with dh in bf16 and in fp32, and fp32 throughout.
+    Every binary fits an H200 SM's shared memory (the interpreter knows no limit: a qk_grads over the
+    whole K of fp32 inputs asked for 245,760 bytes and failed at launch on the H200)."""
+    result = run_on_hopper_compiler(STAGES_SCENARIO)
+    for case, usage in result.items():
+        assert {"_qk_grads_kernel", "_wy_bwd_kernel", "_output_kernel"} <= set(usage), case
+        over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
+        assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
+
+
 @pytest.mark.single_op
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,

@@ -137,9 +137,10 @@ def qk_grads(
     WY part), dw [B, T, HV, K] in k's dtype, dG [B, T, HV, NK] fp32 per K slice)."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
-    # an fp32 dh (a call that outputs its final state) takes two half dots per product: 64-column slices
-    # then, as the whole K spilled 216 bytes (ptxas, sm_90)
-    bk = tiles.qk_grads_bk if dh.dtype == k.dtype else min(tiles.qk_grads_bk, 64)
+    # an fp32 dh (a call that outputs its final state, or fp32 inputs) takes 64-column slices: the whole
+    # K spilled 216 bytes with bf16 inputs and asked for 245,760 bytes of shared memory with fp32 ones
+    # (ptxas, sm_90; an H200 SM has 232,448)
+    bk = tiles.qk_grads_bk if dh.dtype != torch.float32 else min(tiles.qk_grads_bk, 64)
     NK = cdiv(K, bk)
     dq = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
     dk = torch.empty_like(dq)
