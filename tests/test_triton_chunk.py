@@ -446,7 +446,9 @@ for name, f in list(vars(state).items()):  # the state passes have a test of the
     if isinstance(f, JITFunction) and name.endswith("_kernel"):
         setattr(state, name, Recorder())
 modules = (wy, wy_bwd, output, qk_grads, l2norm)
-kernels = {(m, n): f for m in modules for n, f in vars(m).items() if isinstance(f, JITFunction) and n.endswith("_kernel")}
+kernels = {
+    (m, n): f for m in modules for n, f in vars(m).items() if isinstance(f, JITFunction) and n.endswith("_kernel")
+}
 
 
 def usage(dtype, final_state):
