@@ -56,6 +56,18 @@ def test_arguments_triton_compiles_apart_have_keys_apart():
     assert key(None) != key(False)
 
 
+def test_constants_are_keyed_by_identity_and_hold_no_tensors():
+    kernel = _FakeKernel(["x", "n"], set())
+    x = torch.empty(8)
+    first, same_values = launching.Constants(BLOCK=64, num_warps=4), launching.Constants(BLOCK=64, num_warps=4)
+    key = launching._key(kernel, 0, (x, 3), first.kwargs, first)
+    assert key == launching._key(kernel, 0, (torch.empty(8), 3), first.kwargs, first)
+    assert key != launching._key(kernel, 0, (x, 3), same_values.kwargs, same_values), "another object, another key"
+    assert key != launching._key(kernel, 0, (x, 3), first.kwargs), "keywords passed one by one are keyed apart"
+    with pytest.raises(TypeError, match=r"\['bias'\] are tensors"):
+        launching.Constants(BLOCK=64, bias=x)
+
+
 def test_constexprs_and_keywords_are_keyed_by_value_and_type():
     kernel = _FakeKernel(["x", "n", "BLOCK"], {"BLOCK"})
     x = torch.empty(8)
@@ -98,16 +110,16 @@ def test_the_launcher_gets_its_arguments_in_its_own_order(signature, positions, 
     binary = launching._binary(kernel, Compiled(), args, kwargs)
     assert binary is not None and binary.positions == positions
     for grid in [(2,), (2, 3), (2, 3, 4)]:
-        binary.run(5, grid, args, kwargs)
+        binary.run(5, grid, args)
     prefix = ("stream of 5", "function", "metadata", None, None, None)
     assert launches == [(2, 1, 1, *prefix, *launched), (2, 3, 1, *prefix, *launched), (2, 3, 4, *prefix, *launched)]
     # a profiler's hook (Triton 3.2: a callable; 3.6: a chain with a call in it): its metadata comes
     # from the binary's own launch
     hooks.launch_exit_hook.calls.append(print)
-    binary.run(5, (2,), args, kwargs)
+    binary.run(5, (2,), args)
     hooks.launch_exit_hook.calls.clear()
     hooks.launch_enter_hook = print
-    binary.run(5, (2, 3), args, kwargs)
+    binary.run(5, (2, 3), args)
     assert runs == [((2, 1, 1), launched), ((2, 3, 1), launched)] and len(launches) == 3
 
 
@@ -115,6 +127,55 @@ def test_a_signature_that_needs_an_argument_the_call_did_not_pass_keeps_tritons_
     kernel = _FakeKernel(["x", "n", "SHIFT"], {"SHIFT"})
     compiled = SimpleNamespace(src=SimpleNamespace(signature={"x": "*fp32", "n": "i32", "SHIFT": "constexpr"}))
     assert launching._binary(kernel, compiled, ("X", 3), {}) is None
+
+
+@pytest.mark.parametrize("with_constants", [False, True], ids=["keywords", "constants"])
+def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_constants, monkeypatch):
+    """The whole direct path on the host, with a stand-in for a JITFunction: Triton's path once per key,
+    then the binary's launcher with the same arguments in its order, whether the keyword arguments come
+    one by one or as Constants."""
+    tritons_path, launched = [], []
+
+    class Compiled:
+        src = SimpleNamespace(signature=dict.fromkeys(["x", "n", "BLOCK", "SHIFT"], "any"))
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *values):
+            launched.append(values)
+
+    class FakeJIT(_FakeKernel):
+        __name__ = "fake"
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                tritons_path.append((grid, args, kwargs))
+                return Compiled()
+
+            return run
+
+    kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
+    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    monkeypatch.setattr(launching, "direct_launches", lambda: True)
+    monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
+    monkeypatch.setattr(launching, "compiling_only", lambda: False)
+    monkeypatch.setattr(launching, "_hook_source", lambda: hooks)
+    monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
+    monkeypatch.setattr(launching, "_binaries", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    x = torch.empty(8)
+    keywords = {"BLOCK": 64, "SHIFT": 3, "num_warps": 4}
+    constants = launching.Constants(**keywords)
+    for n in (7, 7, 7, 9, 9):
+        if with_constants:
+            launching.launch(kernel, (2,), constants)(x, n)
+        else:
+            launching.launch(kernel, (2,))(x, n, **keywords)
+    taken = [(grid, args[1], kwargs) for grid, args, kwargs in tritons_path]
+    assert taken == [((2,), 7, keywords), ((2,), 9, keywords)], "Triton's path once per key"
+    assert all(args[0] is x for _, args, _ in tritons_path)
+    prefix = (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
+    assert [(*values[:9], *values[10:]) for values in launched] == [(*prefix, 7, 64, 3)] * 2 + [(*prefix, 9, 64, 3)]
+    assert all(values[9] is x for values in launched)
 
 
 @pytest.mark.skipif(not CUDA, reason="direct launches run on a CUDA device only")
@@ -131,18 +192,23 @@ def test_direct_launches_compute_what_tritons_launch_computes(gen):
         (x, 1, 1),  # one element: an integer Triton specializes as 1
     ]
     side = torch.cuda.Stream()
+    constants = launching.Constants(BLOCK=256, SHIFT=3)
     for source, n, stride in cases:
         expected = (source[: (n - 1) * stride + 1 : stride].float() * 0.5 + 3).to(source.dtype)
         for repeat in range(3):
             stream = side if repeat == 2 else torch.cuda.current_stream()
+            grid = (triton.cdiv(n, 256),)
             with torch.cuda.stream(stream):
                 # filled on the stream the kernel runs on: a fill on another stream could land after it
                 y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
-                launching.launch(_axpb_kernel, (triton.cdiv(n, 256),))(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
+                if repeat == 1:  # the same binary, its keywords as one object
+                    launching.launch(_axpb_kernel, grid, constants)(source, y, 0.5, n, stride)
+                else:
+                    launching.launch(_axpb_kernel, grid)(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
             torch.cuda.synchronize()
             torch.testing.assert_close(y, expected, rtol=0, atol=0)
     keys = [k for k in launching._binaries if k[0] is _axpb_kernel]
-    assert len(keys) == len(cases), "each class of arguments launches through a binary of its own"
+    assert len(keys) == 2 * len(cases), "each class of arguments, keywords or Constants, has a binary of its own"
     assert all(launching._binaries[k] is not None for k in keys)
     hooks = launching._binaries[keys[0]].hooks
     assert not launching._hooked(hooks.launch_enter_hook), "no profiler here: launches skip the hooks' metadata"

@@ -43,8 +43,10 @@ def _has_values(t: torch.Tensor) -> bool:
 
 
 VALUE_CHECK_MODES = ("auto", "1", "0")
+# a value check and its arguments (cheaper to build per call than a bound partial)
+PendingCheck = tuple[Callable[..., None], tuple]
 # the value checks of the op being prepared, held until the backend that serves the call is known
-_pending: ContextVar[list[Callable[[], None]] | None] = ContextVar("gdn_pending_value_checks", default=None)
+_pending: ContextVar[list[PendingCheck] | None] = ContextVar("gdn_pending_value_checks", default=None)
 
 
 def value_check_mode() -> str:
@@ -63,8 +65,8 @@ class deferred_value_checks:  # noqa: N801 (used as a function: `with deferred_v
 
     __slots__ = ("pending", "token")
 
-    def __enter__(self) -> list[Callable[[], None]]:
-        self.pending: list[Callable[[], None]] = []
+    def __enter__(self) -> list[PendingCheck]:
+        self.pending: list[PendingCheck] = []
         self.token = _pending.set(self.pending)
         return self.pending
 
@@ -76,7 +78,7 @@ class deferred_value_checks:  # noqa: N801 (used as a function: `with deferred_v
             run_value_checks(self.pending, kernel_guards=False)
 
 
-def run_value_checks(pending: list[Callable[[], None]], *, kernel_guards: bool) -> None:
+def run_value_checks(pending: list[PendingCheck], *, kernel_guards: bool) -> None:
     """Run the collected value checks where they are needed: by default ("auto") only when the serving
     kernel does not guard the values itself (a kernel that does never touches memory out of range and
     gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 never.
@@ -84,8 +86,8 @@ def run_value_checks(pending: list[Callable[[], None]], *, kernel_guards: bool) 
     mode = value_check_mode()
     if mode == "0" or (mode == "auto" and kernel_guards) or _capturing():
         return
-    for check in pending:
-        check()
+    for check, args in pending:
+        check(*args)
 
 
 def _capturing() -> bool:
@@ -101,27 +103,16 @@ def _value_check(check: Callable[..., None], *args: Any) -> None:
         if value_check_mode() != "0" and not _capturing():
             check(*args)
     else:
-        pending.append(functools.partial(check, *args))
+        pending.append((check, args))
 
 
 # The value checks registered while remember_accepted validates, one list per validation under way (a
 # check that calls another records what the inner one registers too).
-_recording: ContextVar[tuple[list[tuple[Callable[..., None], tuple]], ...]] = ContextVar("gdn_recording", default=())
+_recording: ContextVar[tuple[list[PendingCheck], ...]] = ContextVar("gdn_recording", default=())
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 SCALARS = (type(None), bool, int, float, str)
 ACCEPTED_LIMIT = 4096
 Checked = TypeVar("Checked", bound=Callable[..., Any])
-
-
-def _metadata(value: object) -> object:
-    """What the metadata checks read of one argument, hashable; None for an argument they may read more
-    of (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in full."""
-    kind = type(value)
-    if kind in PLAIN_TENSORS:
-        return (value.shape, value.dtype, value.device)
-    if kind in SCALARS:
-        return (kind, value)
-    return None
 
 
 def remember_accepted(check: Checked) -> Checked:
@@ -130,11 +121,23 @@ def remember_accepted(check: Checked) -> Checked:
     accepted gets that call's result without running them again (a decode step repeats one signature
     every token, and the checks cost more host time than the kernel's launch). The value checks still
     run per call, on this call's tensors: the accepted call's are recorded and re-registered."""
-    accepted: dict[tuple, tuple[Any, list[tuple[Callable[..., None], tuple]]]] = {}
+    accepted: dict[tuple, tuple[Any, list[PendingCheck]]] = {}
 
     @functools.wraps(check)
     def checked(*args: Any) -> Any:
-        key = tuple(map(_metadata, args))
+        # what the metadata checks read of each argument, hashable; None for one they may read more of
+        # (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in
+        # full. One comprehension: a decode step computes this every token.
+        key = tuple(
+            [
+                (a.shape, a.dtype, a.device)
+                if type(a) in PLAIN_TENSORS
+                else (type(a), a)
+                if type(a) in SCALARS
+                else None
+                for a in args
+            ]
+        )
         if None in key:
             return check(*args)
         hit = accepted.get(key)
@@ -143,7 +146,7 @@ def remember_accepted(check: Checked) -> Checked:
             for value_check, where in recipes:
                 _value_check(value_check, *(args[i] if i is not None else const for i, const in where))
             return result
-        recorded: list[tuple[Callable[..., None], tuple]] = []
+        recorded: list[PendingCheck] = []
         token = _recording.set((*_recording.get(), recorded))
         try:
             result = check(*args)

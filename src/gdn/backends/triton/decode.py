@@ -53,7 +53,7 @@ import triton.language as tl
 from gdn._validate import GdnShapes
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, processors
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
-from gdn.backends.triton.launch import launch
+from gdn.backends.triton.launch import Constants, launch
 from gdn.calls import GdnCall, PoolDecodeCall
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
@@ -392,7 +392,12 @@ def launch_config(
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
-    return _launch_config(N, HV, K, V, processors(device), one_token, state_bytes, tuple(sorted(OVERRIDES.items())))
+    return _launch_config(N, HV, K, V, processors(device), one_token, state_bytes, _overrides())
+
+
+def _overrides() -> tuple:
+    # a dict cannot key a cache; empty (the default) costs one truth test
+    return tuple(sorted(OVERRIDES.items())) if OVERRIDES else ()
 
 
 @functools.lru_cache(maxsize=256)
@@ -428,6 +433,56 @@ def _launch_config(
     return cfg if cfg.BLOCK_N else replace(cfg, BLOCK_N=THREADS_PER_WARP * cfg.num_warps)
 
 
+@functools.lru_cache(maxsize=256)
+def _step(
+    N: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    sms: int,
+    state_bytes: int,
+    one_token: bool,
+    flags: tuple[bool, ...],
+    overrides: tuple,
+) -> tuple[tuple[int, int], Constants]:
+    """The grid and the constexprs of a launch, decided once per configuration: a decode step needs them
+    every token, and reading sixteen keywords per launch into the launch key cost the B = 1 step more
+    host time than its kernel's own launcher (measured on a CPU host with the launcher stubbed out).
+    Not keyed by T: a prefill of another length reuses them. `flags`: as _constants takes them."""
+    cfg = _launch_config(N, HV, K, V, sms, one_token, state_bytes, overrides)
+    grid = (N, HV * cdiv(cdiv(V, cfg.BV), cfg.SLICES))
+    return grid, _constants(H, HV, K, V, cfg, one_token, flags)
+
+
+@functools.lru_cache(maxsize=256)
+def _constants(
+    H: int, HV: int, K: int, V: int, cfg: LaunchConfig, one_token: bool, flags: tuple[bool, bool, bool, bool, bool]
+) -> Constants:
+    """One object per distinct set of constexprs, whatever the batch: the launch key holds it by identity,
+    so batches of another size that choose the same configuration share its binary. `flags`: whether
+    the launch reads a pool, reads an initial state, stores a final state, is packed, normalises q/k."""
+    use_pool, has_h0, store_ht, is_varlen, l2norm = flags
+    return Constants(
+        H=H,
+        HV=HV,
+        K=K,
+        V=V,
+        BK=cfg.BK,
+        BV=cfg.BV,
+        SLICES=cfg.SLICES,
+        STAGES=cfg.STAGES,
+        BLOCK_N=cfg.BLOCK_N,
+        USE_POOL=use_pool,
+        HAS_H0=has_h0,
+        STORE_HT=store_ht,
+        IS_VARLEN=is_varlen,
+        ONE_TOKEN=one_token,
+        L2NORM=l2norm,
+        num_warps=cfg.num_warps,
+    )
+
+
 def _launch(
     q,
     k,
@@ -449,10 +504,21 @@ def _launch(
     o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
     one_token = shapes.T == 1 and cu_seqlens is None
     state_bytes = (h0 if h0 is not None else ht if ht is not None else v).element_size()
-    cfg = launch_config(shapes.N, shapes.HV, shapes.K, shapes.V, q.device, one_token, state_bytes)
-    grid = (shapes.N, shapes.HV * cdiv(cdiv(shapes.V, cfg.BV), cfg.SLICES))
+    flags = (slots is not None, h0 is not None, ht is not None, cu_seqlens is not None, l2norm)
+    grid, constants = _step(
+        shapes.N,
+        shapes.H,
+        shapes.HV,
+        shapes.K,
+        shapes.V,
+        processors(q.device),
+        state_bytes,
+        one_token,
+        flags,
+        _overrides(),
+    )
     with device_guard(q):
-        launch(_recurrent_kernel, grid)(
+        launch(_recurrent_kernel, grid, constants)(
             q,
             k,
             v,
@@ -468,22 +534,6 @@ def _launch(
             shapes.N,
             0 if slots is None else pool_slots,
             *state_strides,
-            H=shapes.H,
-            HV=shapes.HV,
-            K=shapes.K,
-            V=shapes.V,
-            BK=cfg.BK,
-            BV=cfg.BV,
-            SLICES=cfg.SLICES,
-            STAGES=cfg.STAGES,
-            BLOCK_N=cfg.BLOCK_N,
-            USE_POOL=slots is not None,
-            HAS_H0=h0 is not None,
-            STORE_HT=ht is not None,
-            IS_VARLEN=cu_seqlens is not None,
-            ONE_TOKEN=one_token,
-            L2NORM=l2norm,
-            num_warps=cfg.num_warps,
         )
     return o
 

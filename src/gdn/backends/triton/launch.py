@@ -11,6 +11,10 @@ integer's being 1, its divisibility by 16 and its width), so a binary is never r
 Triton would compile another one for; a new value of an integer only takes Triton's path once. It is
 built in one plain loop: on that host each Python operation per argument counts.
 
+A launch whose keyword arguments are fixed per configuration (the decode step's sixteen constexprs
+and options) passes them as one `Constants` built once for that configuration: the key then holds that
+object, hashed by identity, instead of each name, value and type.
+
 Triton's launch hooks (a profiler's) still run: with one set, the launch goes through the binary's
 own launch, which computes their metadata; with none (Triton 3.6 keeps empty hook chains there), the
 launcher gets no hooks and no metadata to build. Triton's debug mode (read when a binary is first
@@ -39,11 +43,28 @@ DIRECT_ENV = "GDN_TRITON_DIRECT_LAUNCH"
 DIRECT_LIMIT = 4096
 
 
+class Constants:
+    """A launch's keyword arguments (constexprs and launch options) as one object: `launch(kernel, grid,
+    constants)(*args)`. Equal only to itself, so keep one per configuration (a cache): a new object
+    each launch is a new key, and such a launch takes Triton's path."""
+
+    __slots__ = ("kwargs",)
+
+    def __init__(self, **kwargs: Any) -> None:
+        tensors = sorted(name for name, value in kwargs.items() if isinstance(value, torch.Tensor))
+        if tensors:
+            raise TypeError(f"Constants: {tensors} are tensors; a launch passes tensors by position")
+        self.kwargs = kwargs
+
+    def __repr__(self) -> str:
+        return f"Constants({self.kwargs})"
+
+
 @dataclass(frozen=True)
 class _Binary:
     """A compiled kernel, held as its launcher, function and metadata, and which of a launch's
     arguments its launcher takes, in its order: the positional ones at `positions` (None: all of them),
-    then the keyword ones named in `keywords`."""
+    then `keyword_values`, the values of its keyword ones (fixed: the key holds every keyword's value)."""
 
     compiled: Any
     launcher: Callable[..., Any]
@@ -52,15 +73,15 @@ class _Binary:
     stream: Callable[[int], Any]
     hooks: Any
     positions: tuple[int, ...] | None
-    keywords: tuple[str, ...]
+    keyword_values: tuple
 
-    def values(self, args: tuple, kwargs: dict[str, Any]) -> tuple:
+    def values(self, args: tuple) -> tuple:
         """A launch's arguments as the launcher takes them."""
         values = args if self.positions is None else tuple(args[i] for i in self.positions)
-        return (*values, *(kwargs[name] for name in self.keywords)) if self.keywords else values
+        return (*values, *self.keyword_values) if self.keyword_values else values
 
-    def run(self, device: int, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any]) -> None:
-        values = self.values(args, kwargs)
+    def run(self, device: int, grid: tuple[int, ...], args: tuple) -> None:
+        values = self.values(args)
         whole = whole_grid(grid)
         if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
             self.compiled[whole](*values)
@@ -77,14 +98,18 @@ _binaries: dict[tuple, _Binary | None] = {}
 _SCALARS = frozenset((int, float, bool, str, type(None)))
 
 
-def launch(kernel: Any, grid: tuple[int, ...]) -> Callable[..., Any]:
+def launch(kernel: Any, grid: tuple[int, ...], constants: Constants | None = None) -> Callable[..., Any]:
     """`kernel[grid]`, launched through its binary's launcher once Triton has launched it with arguments
-    of the same key; during a dry run, the kernel's warm-up at that grid (compiles only)."""
+    of the same key; during a dry run, the kernel's warm-up at that grid (compiles only). With
+    `constants`, the launch takes its keyword arguments from them and no others."""
+    fixed = {} if constants is None else constants.kwargs
     if compiling_only():
-        return functools.partial(kernel.warmup, grid=grid)
+        return functools.partial(kernel.warmup, grid=grid, **fixed)
     if not direct_launches() or type(kernel) is not _jit_function():
-        return kernel[grid]
-    return functools.partial(_launch, kernel, grid)
+        return functools.partial(kernel[grid], **fixed)
+    if constants is None:
+        return functools.partial(_launch, kernel, grid)
+    return functools.partial(_launch_constants, kernel, grid, constants)
 
 
 @functools.cache
@@ -107,17 +132,27 @@ def _jit_function() -> type:
 
 
 def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
+    if any(isinstance(value, torch.Tensor) for value in kwargs.values()):
+        raise TypeError(f"{kernel.__name__}: pass tensors by position (the launch key reads only positional ones)")
+    _launch_keyed(kernel, grid, args, kwargs, None)
+
+
+def _launch_constants(kernel: Any, grid: tuple[int, ...], constants: Constants, *args: Any) -> None:
+    _launch_keyed(kernel, grid, args, constants.kwargs, constants)
+
+
+def _launch_keyed(
+    kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict[str, Any], constants: Constants | None
+) -> None:
     device = torch.cuda.current_device()
-    key = _key(kernel, device, args, kwargs)
+    key = _key(kernel, device, args, kwargs, constants)
     try:
         binary = _binaries.get(key)
     except TypeError:  # an argument that cannot be hashed: this launch takes Triton's path
         binary = key = None
     if binary is not None:
-        binary.run(device, grid, args, kwargs)
+        binary.run(device, grid, args)
         return
-    if any(isinstance(value, torch.Tensor) for value in kwargs.values()):
-        raise TypeError(f"{kernel.__name__}: pass tensors by position (the launch key reads only positional ones)")
     compiled = kernel[grid](*args, **kwargs)
     if key is not None and key not in _binaries:
         if len(_binaries) >= DIRECT_LIMIT:
@@ -125,15 +160,24 @@ def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> No
         _binaries[key] = _binary(kernel, compiled, args, kwargs)
 
 
-def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any]) -> tuple:
+def _key(kernel: Any, device: int, args: tuple, kwargs: dict[str, Any], constants: Constants | None = None) -> tuple:
     """What decides the binary of this launch (the module's docstring says why each part); hashed only
-    by the lookup, which takes an unhashable key as a launch for Triton's path. Tensors go by position
-    (`_launch` refuses one by keyword). One plain loop: this runs on every launch."""
-    key: list[Any] = [kernel, device, *kwargs.items(), *map(type, kwargs.values())]
+    by the lookup, which takes an unhashable key as a launch for Triton's path. Keyword arguments go by
+    name, value and type, or, from `constants`, as that object; tensors go by position (`_launch`
+    refuses one by keyword, Constants hold none). An integer goes by its value alone: only integers
+    put a bare integer where an argument's entries begin (a tensor puts its dtype first, any other
+    value its type), so no other argument's entries can equal it. One plain loop: this runs on every
+    launch."""
+    if constants is None:
+        key: list[Any] = [kernel, device, *kwargs.items(), *map(type, kwargs.values())]
+    else:
+        key = [kernel, device, constants]
     append = key.append
     for value in args:
         kind = type(value)
-        if kind is torch.Tensor or (kind not in _SCALARS and isinstance(value, torch.Tensor)):
+        if kind is int:
+            append(value)
+        elif kind is torch.Tensor or (kind not in _SCALARS and isinstance(value, torch.Tensor)):
             append(value.dtype)
             append(value.data_ptr() % 16)
         else:
@@ -155,6 +199,7 @@ def _binary(kernel: Any, compiled: Any, args: tuple, kwargs: dict[str, Any]) -> 
     keywords = tuple(name for name in names if name not in positional)
     if [positional[i] for i in positions] + list(keywords) != names or not all(n in kwargs for n in keywords):
         return None
+    keyword_values = tuple(kwargs[name] for name in keywords)
     return _Binary(
         compiled,
         compiled.run,
@@ -163,7 +208,7 @@ def _binary(kernel: Any, compiled: Any, args: tuple, kwargs: dict[str, Any]) -> 
         _stream_getter(),
         _hook_source(),
         None if len(positions) == len(args) else positions,
-        keywords,
+        keyword_values,
     )
 
 
