@@ -124,13 +124,13 @@ def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
             ours(inputs, pool, indices)()
     finally:
         launching._Binary.run = original
-    binary, (device, grid, args, kwargs) = captured[-1]
-    values, whole, stream = binary.values(args, kwargs), launching.whole_grid(grid), binary.stream(device)
+    binary, (device, grid, args) = captured[-1]
+    values, whole, stream = binary.values(args), launching.whole_grid(grid), binary.stream(device)
 
     def launcher_alone():
         binary.launcher(*whole, stream, binary.function, binary.packed_metadata, None, None, None, *values)
 
-    return back_to_back_ms(lambda: binary.run(device, grid, args, kwargs)), back_to_back_ms(launcher_alone)
+    return back_to_back_ms(lambda: binary.run(device, grid, args)), back_to_back_ms(launcher_alone)
 
 
 @contextlib.contextmanager
