@@ -10,7 +10,8 @@ measured in the same run (a large device-to-device copy).
 Rows: `gdn` is the public call as a serving engine makes it (`gdn.fused_recurrent_gated_delta_rule_update`:
 validation, resolution and launch, back to back, so host time between launches counts) and its
 `of_kernel` column is the kernel-only time over its time, and the same call captured in a CUDA graph and
-replayed; `gdn-triton` is the kernel behind validation,
+replayed; `prepared step` is the same update through `gdn.PreparedPoolDecode` (validated and resolved once,
+then called every token); `gdn-triton` is the kernel behind validation,
 with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
 gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
@@ -92,6 +93,18 @@ def public(inputs, pool, indices):
             return gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
 
     return step
+
+
+def prepared(inputs, pool, indices):
+    """A step prepared once (gdn.PreparedPoolDecode), called as a serving loop calls it every token."""
+    with torch.no_grad():
+        step = gdn.PreparedPoolDecode(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
+
+    def call():
+        with torch.no_grad():
+            return step(*inputs, indices)
+
+    return call
 
 
 def back_to_back_ms(fn, calls: int = 2000) -> float:
@@ -241,6 +254,8 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     public_ms = median_ms(public(inputs, pool, indices))
     graph_ms = median_ms(graphed(public(inputs, pool, indices)))
     public_b2b_ms = back_to_back_ms(public(inputs, pool, indices))
+    prepared_ms = median_ms(prepared(inputs, pool, indices))
+    prepared_b2b_ms = back_to_back_ms(prepared(inputs, pool, indices))
     kernel_b2b_ms = back_to_back_ms(ours(inputs, pool, indices))
     with tritons_launch_path():
         public_jit_ms = back_to_back_ms(public(inputs, pool, indices))
@@ -253,6 +268,14 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
             "of_kernel": f"{kernel_b2b_ms / public_b2b_ms:.0%}",
         },
         row(B, "gdn", "public call in a CUDA graph", graph_ms, state_bytes, ceiling),
+        {
+            **row(B, "gdn", "prepared step", prepared_ms, state_bytes, ceiling),
+            "of_kernel": f"{kernel_ms / prepared_ms:.0%}",
+        },
+        {
+            **row(B, "gdn", "prepared step, back to back", prepared_b2b_ms, state_bytes, ceiling),
+            "of_kernel": f"{kernel_b2b_ms / prepared_b2b_ms:.0%}",
+        },
         row(B, "gdn-triton", f"heuristic {_label(_knobs(default))}", kernel_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "kernel, back to back", kernel_b2b_ms, state_bytes, ceiling),
         row(B, "gdn", "public call, back to back, Triton's launch path", public_jit_ms, state_bytes, ceiling),

@@ -19,6 +19,7 @@ _EXPORTS = {
     "fused_recurrent_gated_delta_rule_update": "gdn.ops",
     "l2norm": "gdn.ops",
     "GdnBackendError": "gdn.errors",
+    "PreparedPoolDecode": "gdn.prepared",
     "compute_mode": "gdn.resolve",
     "modes": "gdn.resolve",
     "register_backend": "gdn.resolve",
@@ -28,6 +29,7 @@ _EXPORTS = {
 }
 __all__ = [
     "GdnBackendError",
+    "PreparedPoolDecode",
     "causal_conv1d_fn",
     "causal_conv1d_update",
     "chunk_gated_delta_rule",
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
         fused_recurrent_gated_delta_rule_update,
         l2norm,
     )
+    from gdn.prepared import PreparedPoolDecode
     from gdn.resolve import (
         compute_mode,
         modes,

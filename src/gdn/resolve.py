@@ -308,6 +308,12 @@ def for_call(res: Resolution, call: Call) -> tuple[str, Callable]:
     return backend, fn
 
 
+def record_route(route: str) -> None:
+    """Record `route` as the one that served this thread's latest call: for a caller that serves calls
+    through an implementation it took from for_call once (gdn.prepared)."""
+    _last_route.set(route)
+
+
 def last_route() -> str | None:
     """The route that served the latest op call in this thread or asyncio task (None before any)."""
     return _last_route.get()

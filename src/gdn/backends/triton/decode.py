@@ -44,6 +44,7 @@ These kernels have no backward: the triton backend serves both ops forward-only 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -500,42 +501,43 @@ def _launch(
     pool_slots: int = 0,
 ) -> torch.Tensor:
     q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()
-    # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
-    o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
-    one_token = shapes.T == 1 and cu_seqlens is None
     state_bytes = (h0 if h0 is not None else ht if ht is not None else v).element_size()
-    flags = (slots is not None, h0 is not None, ht is not None, cu_seqlens is not None, l2norm)
+    pool = slots is not None
+    run = _launcher(shapes, scale, cu_seqlens, l2norm, h0, ht, pool, state_strides, pool_slots, q.device, state_bytes)
+    return run(q, k, v, g, beta, slots)
+
+
+def _launcher(
+    shapes: GdnShapes,
+    scale: float,
+    cu_seqlens,
+    l2norm: bool,
+    h0,
+    ht,
+    use_pool: bool,
+    state_strides,
+    pool_slots: int,
+    device: torch.device,
+    state_bytes: int,
+) -> Callable[..., torch.Tensor]:
+    """What a launch decides from everything but q, k, v, g, beta and the slots: run(q, k, v, g, beta,
+    slots) -> o allocates the output and launches. A prepared decode step keeps one for its calls."""
+    one_token = shapes.T == 1 and cu_seqlens is None
+    flags = (use_pool, h0 is not None, ht is not None, cu_seqlens is not None, l2norm)
+    sms = processors(device)
     grid, constants = _step(
-        shapes.N,
-        shapes.H,
-        shapes.HV,
-        shapes.K,
-        shapes.V,
-        processors(q.device),
-        state_bytes,
-        one_token,
-        flags,
-        _overrides(),
+        shapes.N, shapes.H, shapes.HV, shapes.K, shapes.V, sms, state_bytes, one_token, flags, _overrides()
     )
-    with device_guard(q):
-        launch(_recurrent_kernel, grid, constants)(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            o,
-            h0,
-            ht,
-            slots,
-            cu_seqlens,
-            scale,
-            shapes.T,
-            shapes.N,
-            0 if slots is None else pool_slots,
-            *state_strides,
-        )
-    return o
+    tail = (cu_seqlens, scale, shapes.T, shapes.N, pool_slots if use_pool else 0, *state_strides)
+
+    def run(q, k, v, g, beta, slots) -> torch.Tensor:
+        # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
+        o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
+        with device_guard(q):
+            launch(_recurrent_kernel, grid, constants)(q, k, v, g, beta, o, h0, ht, slots, *tail)
+        return o
+
+    return run
 
 
 def fused_recurrent_gated_delta_rule(call: GdnCall):
@@ -588,3 +590,38 @@ def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
         pool.stride(),
         pool_slots=pool.shape[0],
     )
+
+
+def prepare_pool_update(call: PoolDecodeCall) -> Callable[..., torch.Tensor]:
+    """The prepared step (gdn.prepared) of `fused_recurrent_gated_delta_rule_update`: step(q, k, v, g,
+    beta, ssm_indices) -> o for tensors that match `call`'s in type, shape, dtype, device and strides
+    (the caller checks that), on `call`'s pool and options. The launch's configuration, grid and
+    constants are decided here once; a step allocates the output and launches. The kernel checks the
+    indices itself, as on the op's own path; a step that needs gradients never comes here (the caller
+    makes the public call, which serves it eager)."""
+    pool = call.ssm_pool
+    run = _launcher(
+        call.shapes,
+        call.scale,
+        call.cu_seqlens,
+        call.use_qk_l2norm_in_kernel,
+        pool,
+        pool,
+        True,
+        pool.stride(),
+        pool.shape[0],
+        call.q.device,
+        pool.element_size(),
+    )
+    dense = all(t.is_contiguous() for t in (call.q, call.k, call.v, call.g, call.beta, call.ssm_indices))
+
+    def step(q, k, v, g, beta, ssm_indices) -> torch.Tensor:
+        if not dense:
+            q, k, v, g, beta, ssm_indices = (t.contiguous() for t in (q, k, v, g, beta, ssm_indices))
+        return run(q, k, v, g, beta, ssm_indices)
+
+    return step
+
+
+# how gdn.prepared finds it: an implementation's own prepared step
+fused_recurrent_gated_delta_rule_update.prepare = prepare_pool_update

@@ -1,0 +1,116 @@
+"""A decode step prepared once: `fused_recurrent_gated_delta_rule_update` validated and resolved for one
+batch composition, then called every token with that token's tensors.
+
+A serving loop calls the pool update with tensors whose types, shapes, dtypes, devices and strides
+repeat every token. The public call reads all of that again on every call (the validation memo, the
+resolver's cache, the backend's launch set-up): on an H200 host about 40 µs of Python in front of a
+B = 1 kernel of 8 µs. A prepared step compares its tensors' metadata with the prepared call's in one
+pass and hands them to the serving implementation's own prepared step, where it offers one and checks
+the index values on the device (the triton kernel); otherwise it makes the public call in full. Either
+way a step is checked as much as the public call: metadata equal to a validated call's, values checked
+by the kernel or on the host as the public call would."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from gdn import _validate as check
+from gdn import ops
+from gdn.calls import PREPARE
+from gdn.resolve import for_call, guards_values, last_route, record_route, resolve
+
+OP = "fused_recurrent_gated_delta_rule_update"
+# what a step takes, in its order; the pool and the options are the prepared call's
+STEP_ARGUMENTS = ("q", "k", "v", "g", "beta", "ssm_indices")
+
+
+def _metadata(tensors: tuple) -> tuple:
+    return tuple(
+        [
+            (type(t), t.shape, t.dtype, t.device, t.stride()) if isinstance(t, torch.Tensor) else (type(t),)
+            for t in tensors
+        ]
+    )
+
+
+def _wants_grad(tensors: tuple) -> bool:
+    return any(t.requires_grad for t in tensors)
+
+
+class PreparedPoolDecode:
+    """`fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, ssm_pool, ssm_indices, scale,
+    cu_seqlens, use_qk_l2norm_in_kernel)` prepared from one call's arguments (validated, resolved and,
+    where the backend guards the values, value-checked as the public call is); then
+    `step(q, k, v, g, beta, ssm_indices) -> o` for each token, on the prepared pool with the prepared
+    options. A step's tensors must match the prepared ones in type, shape, dtype, device and strides
+    (else ValueError naming the argument: prepare another step for another batch). The backend is the
+    one resolved when preparing (`route` says which); `GDN_VALUE_CHECKS=1` when preparing, a backend
+    whose kernel does not check the indices, or a torch.compile region make every step the public call,
+    and so does a step whose tensors need gradients."""
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        ssm_pool: torch.Tensor,
+        ssm_indices: torch.Tensor,
+        scale: float | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        use_qk_l2norm_in_kernel: bool = False,
+    ) -> None:
+        with check.deferred_value_checks() as value_checks:
+            call = PREPARE[OP](q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
+        backend, fn = for_call(resolve(OP, call.device, call), call)
+        guarded = guards_values(backend, OP)
+        check.run_value_checks(value_checks, kernel_guards=guarded)
+        self.route: str = last_route() or backend
+        self._pool = ssm_pool
+        self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
+        self._metadata = _metadata((q, k, v, g, beta, ssm_indices))
+        prepare = getattr(fn, "prepare", None)
+        direct = guarded and prepare is not None and check.value_check_mode() != "1"
+        self._step: Callable[..., torch.Tensor] | None = prepare(call) if direct else None
+
+    def __call__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        ssm_indices: torch.Tensor,
+    ) -> torch.Tensor:
+        tensors = (q, k, v, g, beta, ssm_indices)
+        metadata = _metadata(tensors)
+        if metadata != self._metadata:
+            self._refuse(metadata)
+        if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
+            return ops.fused_recurrent_gated_delta_rule_update(
+                q, k, v, g, beta, self._pool, ssm_indices, **self._options
+            )
+        record_route(self.route)
+        return self._step(*tensors)
+
+    def _refuse(self, metadata: tuple) -> None:
+        for name, got, prepared in zip(STEP_ARGUMENTS, metadata, self._metadata, strict=True):
+            if got == prepared:
+                continue
+            if len(got) == 1:
+                raise TypeError(
+                    f"PreparedPoolDecode: argument '{name}' expected a tensor ({_describe(prepared)}), "
+                    f"got {got[0].__name__}"
+                )
+            raise ValueError(
+                f"PreparedPoolDecode: argument '{name}' expected {_describe(prepared)} (as prepared), got "
+                f"{_describe(got)}; prepare a step for other metadata"
+            )
+
+
+def _describe(metadata: tuple) -> str:
+    kind, shape, dtype, device, strides = metadata
+    return f"type {kind.__name__}, shape {list(shape)}, dtype {dtype}, device {device}, strides {strides}"
