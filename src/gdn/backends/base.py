@@ -26,7 +26,9 @@ class Backend:
     `check` returns why the backend cannot serve a device type (None when it can). `auto_rank` orders
     the candidates in `auto` mode per device type (lower first; a device type it lacks is never
     tried in auto). `route` names the code path per op, e.g. "triton:bundled" or "ascendc:stable-api".
-    `forward_only` names ops it serves without a backward (inference kernels).
+    `forward_only` names ops it serves without a backward (inference kernels). An implementation may
+    carry `prepare(call) -> step`, its own prepared step for calls with `call`'s metadata
+    (gdn.prepared uses it for the pool update where the kernel guards the values).
     """
 
     name: str
