@@ -1,7 +1,8 @@
 """A prepared decode step (gdn.PreparedPoolDecode) against the public pool update: the same outputs and
 pool on fresh tokens, the same guards on bad indices, a clear error for a tensor that does not match
 the prepared call, the triton kernel's own prepared step where it serves (no public call per token),
-the public call in full elsewhere, and a CUDA graph that captures a step.
+the public call in full elsewhere, torch.compile without graph breaks, and a CUDA graph that captures a
+step.
 
 Without a CUDA device the triton kernels run under the Triton interpreter, set before they are
 imported."""
@@ -136,6 +137,22 @@ def test_a_step_that_needs_gradients_is_served_as_the_public_call_serves_it(gen)
     assert o.grad_fn is not None and rel_err(o.detach(), expected.detach()) <= 1e-5
     o.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+@pytest.mark.parametrize("mode", ["triton", "eager"])
+def test_a_step_compiles_without_graph_breaks_and_equals_the_eager_call(mode, gen):
+    """Inside torch.compile a step is the public op's custom op: one graph, the same answer."""
+    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    expected_pool = pool.clone()
+    with torch.no_grad(), compute_mode_override(mode):
+        step = gdn.PreparedPoolDecode(*tokens(gen), pool, slots(gen))
+        inputs, indices = tokens(gen), slots(gen)
+        explained = torch._dynamo.explain(lambda *a: step(*a))(*inputs, indices.clone())
+        assert explained.graph_break_count == 0, explained.break_reasons
+        pool.copy_(expected_pool)
+        o = torch.compile(lambda *a: step(*a), backend="eager", fullgraph=True)(*inputs, indices)
+        expected = gdn.fused_recurrent_gated_delta_rule_update(*inputs, expected_pool, indices)
+    assert rel_err(o, expected) <= 1e-5 and rel_err(pool, expected_pool) <= 1e-5
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
