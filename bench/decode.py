@@ -11,8 +11,9 @@ Rows: `gdn` is the public call as a serving engine makes it (`gdn.fused_recurren
 validation, resolution and launch, back to back, so host time between launches counts) and its
 `of_kernel` column is the kernel-only time over its time, and the same call captured in a CUDA graph and
 replayed; `prepared step` is the same update through `gdn.PreparedPoolDecode` (validated and resolved once,
-then called every token); `gdn-triton` is the kernel behind validation,
-with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
+then called every token); every call is timed inside one no_grad, as a serving loop runs (before
+2026-12-03 each public call entered no_grad itself, which its times then included); `gdn-triton` is
+the kernel behind validation, with the launch heuristic and with each V-slice / warp setting of the sweep (the knobs of
 gdn.backends.triton.decode.OVERRIDES); `fla` is its kernel alone on states gathered
 beforehand (its API has no pool: it reads h0 and writes a separate final state, the same traffic);
 `fla+gather/scatter` adds the gather from and scatter to the pool that serving with it needs. Rows
@@ -88,23 +89,14 @@ def ours(inputs, pool, indices):
 
 
 def public(inputs, pool, indices):
-    def step():
-        with torch.no_grad():
-            return gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
-
-    return step
+    """The public call (main runs every timing under no_grad, as a serving loop runs its steps)."""
+    return lambda: gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
 
 
 def prepared(inputs, pool, indices):
     """A step prepared once (gdn.PreparedPoolDecode), called as a serving loop calls it every token."""
-    with torch.no_grad():
-        step = gdn.PreparedPoolDecode(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
-
-    def call():
-        with torch.no_grad():
-            return step(*inputs, indices)
-
-    return call
+    step = gdn.PreparedPoolDecode(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
+    return lambda: step(*inputs, indices)
 
 
 def back_to_back_ms(fn, calls: int = 2000) -> float:
@@ -354,15 +346,19 @@ def main() -> None:
 
     ceiling = copy_ceiling_tbs()
     rows, checks = [], {}
-    for B in args.batches:
-        batch_rows, checks[B] = bench_batch(B, not args.no_sweep, ceiling)
-        rows += batch_rows
+    # the serving kernels are forward only: a serving loop runs its steps under no_grad (or inference
+    # mode) once, not around each call, so every call here is timed inside one no_grad
+    with torch.no_grad():
+        for B in args.batches:
+            batch_rows, checks[B] = bench_batch(B, not args.no_sweep, ceiling)
+            rows += batch_rows
     env = environment("fla-core", "flash-linear-attention")
     print(f"copy ceiling {ceiling:.2f} TB/s; state bandwidth = (state read + written) / median time")
     print_table(rows, ["B", "impl", "config", "ms", "state_TBps", "of_copy", "of_kernel"])
     for B, check in checks.items():
         print(f"B={B}: rel err vs eager: {check['agreement_vs_eager']}")
-    profile = host_profile() if args.host_profile else None
+    with torch.no_grad():
+        profile = host_profile() if args.host_profile else None
     if profile:
         print("host time of the public call at B=1, per function (µs per call):")
         print_table(profile, ["function", "calls_per_call", "own_us", "cumulative_us"])

@@ -64,6 +64,29 @@ def test_prepared_steps_equal_the_public_call(mode, gen):
             assert gdn.resolve.last_route() == step.route
 
 
+def test_a_step_on_strided_tensors_equals_the_public_call(gen):
+    """Tensors prepared non-contiguous (q a view of a wider buffer, indices every other entry): each step
+    with the same strides gives the public call's answer."""
+    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    expected_pool = pool.clone()
+
+    def strided(gen):
+        q, k, v, g, beta = tokens(gen)
+        wide = torch.randn(B, 1, H, 2 * K, generator=gen).to(DEVICE)[..., ::2]
+        spread = torch.full((2 * B,), -1, dtype=torch.int32, device=DEVICE)
+        spread[::2] = slots(gen)
+        return (wide.copy_(q), k, v, g, beta), spread[::2]
+
+    with torch.no_grad(), compute_mode_override("triton"):
+        step = gdn.PreparedPoolDecode(*strided(gen)[0], pool, strided(gen)[1])
+        for _ in range(2):
+            inputs, indices = strided(gen)
+            assert not inputs[0].is_contiguous() and not indices.is_contiguous()
+            o = step(*inputs, indices)
+            expected = gdn.fused_recurrent_gated_delta_rule_update(*inputs, expected_pool, indices)
+            assert rel_err(o, expected) <= 1e-5 and rel_err(pool, expected_pool) <= 1e-5
+
+
 def test_a_step_whose_tensors_do_not_match_the_prepared_ones_is_refused_by_name(gen):
     pool = torch.zeros(SLOTS, HV, K, V, device=DEVICE)
     q, k, v, g, beta = tokens(gen)

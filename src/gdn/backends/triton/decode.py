@@ -613,12 +613,11 @@ def prepare_pool_update(call: PoolDecodeCall) -> Callable[..., torch.Tensor]:
         call.q.device,
         pool.element_size(),
     )
-    dense = all(t.is_contiguous() for t in (call.q, call.k, call.v, call.g, call.beta, call.ssm_indices))
+    if all(t.is_contiguous() for t in (call.q, call.k, call.v, call.g, call.beta, call.ssm_indices)):
+        return run  # a step's tensors have the prepared strides: dense too
 
     def step(q, k, v, g, beta, ssm_indices) -> torch.Tensor:
-        if not dense:
-            q, k, v, g, beta, ssm_indices = (t.contiguous() for t in (q, k, v, g, beta, ssm_indices))
-        return run(q, k, v, g, beta, ssm_indices)
+        return run(*(t.contiguous() for t in (q, k, v, g, beta, ssm_indices)))
 
     return step
 
