@@ -18,8 +18,8 @@ import torch
 
 from gdn import _validate as check
 from gdn import ops
-from gdn.calls import PREPARE
-from gdn.resolve import for_call, guards_values, last_route, record_route, resolve
+from gdn.dispatch import serve
+from gdn.resolve import guards_values, last_route, record_route
 
 OP = "fused_recurrent_gated_delta_rule_update"
 # what a step takes, in its order; the pool and the options are the prepared call's
@@ -63,17 +63,14 @@ class PreparedPoolDecode:
         cu_seqlens: torch.Tensor | None = None,
         use_qk_l2norm_in_kernel: bool = False,
     ) -> None:
-        with check.deferred_value_checks() as value_checks:
-            call = PREPARE[OP](q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
-        backend, fn = for_call(resolve(OP, call.device, call), call)
-        guarded = guards_values(backend, OP)
-        check.run_value_checks(value_checks, kernel_guards=guarded)
+        arguments = (q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
+        call, backend, fn = serve(OP, arguments, {})
         self.route: str = last_route() or backend
         self._pool = ssm_pool
         self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
         self._metadata = _metadata((q, k, v, g, beta, ssm_indices))
         prepare = getattr(fn, "prepare", None)
-        direct = guarded and prepare is not None and check.value_check_mode() != "1"
+        direct = guards_values(backend, OP) and prepare is not None and check.value_check_mode() != "1"
         self._step: Callable[..., torch.Tensor] | None = prepare(call) if direct else None
 
     def __call__(
