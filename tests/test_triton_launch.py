@@ -176,6 +176,9 @@ def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_co
     prefix = (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
     assert [(*values[:9], *values[10:]) for values in launched] == [(*prefix, 7, 64, 3)] * 2 + [(*prefix, 9, 64, 3)]
     assert all(values[9] is x for values in launched)
+    with pytest.raises(TypeError, match="pass tensors by position"):
+        launching.launch(kernel, (2,))(x, 7, **{**keywords, "SHIFT": x})
+    assert len(tritons_path) == 2 and len(launching._binaries) == 2, "a refused launch neither runs nor stays"
 
 
 @pytest.mark.skipif(not CUDA, reason="direct launches run on a CUDA device only")

@@ -132,8 +132,6 @@ def _jit_function() -> type:
 
 
 def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
-    if any(isinstance(value, torch.Tensor) for value in kwargs.values()):
-        raise TypeError(f"{kernel.__name__}: pass tensors by position (the launch key reads only positional ones)")
     _launch_keyed(kernel, grid, args, kwargs, None)
 
 
@@ -153,6 +151,10 @@ def _launch_keyed(
     if binary is not None:
         binary.run(device, grid, args)
         return
+    # checked where no binary is known yet, so never on the hot path: a binary binds its keyword values,
+    # and none is ever stored for a launch with a tensor among them
+    if any(isinstance(value, torch.Tensor) for value in kwargs.values()):
+        raise TypeError(f"{kernel.__name__}: pass tensors by position (the launch key reads only positional ones)")
     compiled = kernel[grid](*args, **kwargs)
     if key is not None and key not in _binaries:
         if len(_binaries) >= DIRECT_LIMIT:
