@@ -893,3 +893,19 @@ def test_the_first_call_of_an_op_is_probed_in_its_own_class():
         "initial_state": False,
         "final_state": False,
     }
+
+
+def test_a_call_that_normalises_q_and_k_itself_is_probed_with_unit_norm_q_and_k():
+    """A call without the in-kernel l2norm (the caller normalised q and k, as a model whose layer runs
+    l2norm first does) is probed with unit-norm q and k: with raw Gaussian ones of 128 dims the delta
+    rule's state overflows and every backend, eager included, gives Inf or NaN."""
+    gdn.register_backend(Backend(name="good", ops={OP: _eager_chunk}))
+    gdn.set_compute_mode("good")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.nn.functional.normalize(torch.randn(1, 20, 1, 128, generator=gen), dim=-1) for _ in range(2))
+    v, g, beta = torch.randn(1, 20, 2, 128, generator=gen), -torch.rand(1, 20, 2, generator=gen), torch.rand(1, 20, 2)
+    o, _ = gdn.chunk_gated_delta_rule(q, k, v, g, beta)
+    resolution = resolver.resolve(OP, CPU)
+    assert resolution.backend == "good" and resolution.probe["passed"], resolution.record()
+    assert resolution.probe["inputs"]["l2norm"] is False and resolution.probe["inputs"]["K"] == 128
+    assert torch.isfinite(o).all()
