@@ -67,6 +67,14 @@ SWEEP = [
     {"BV": 64, "num_warps": 2},
     {"BV": 128, "num_warps": 4},
     {"BV": 128, "num_warps": 8},
+    # longer walks: a group of slices spans the value heads of one q/k head (whose q and k it shares),
+    # so a program's set-up (its row's checks, q and k) is paid once per more state
+    {"SLICES": 4},
+    {"SLICES": 4, "STAGES": 2},
+    {"SLICES": 4, "STAGES": 4},
+    {"BV": 128, "num_warps": 4, "SLICES": 2},
+    {"BV": 32, "num_warps": 1, "SLICES": 8},
+    {"BV": 32, "num_warps": 2, "SLICES": 8},
 ]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"
@@ -241,7 +249,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     checks = {"agreement_vs_eager": agreement(inputs, pool, indices)}
     state_bytes = 2 * B * HV * K * V * 4
     decode.OVERRIDES.clear()
-    default = decode.launch_config(B, HV, K, V, pool.device, one_token=True, state_bytes=pool.element_size())
+    default = decode.launch_config(B, H, HV, K, V, pool.device, one_token=True, state_bytes=pool.element_size())
     kernel_ms = median_ms(ours(inputs, pool, indices))
     public_ms = median_ms(public(inputs, pool, indices))
     graph_ms = median_ms(graphed(public(inputs, pool, indices)))

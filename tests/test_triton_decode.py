@@ -38,11 +38,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 PLAIN = "fused_recurrent_gated_delta_rule"
 POOL = "fused_recurrent_gated_delta_rule_update"
-# How a one-token program walks its V slices: the heuristic's choice for these small shapes (one slice
-# per program), and forced walks of several 8-column slices through a pipeline, where V = 24 leaves a
-# slice past the last column (three slices in groups of two or four).
-WALKS = [{}, {"BV": 8, "SLICES": 2, "STAGES": 2}, {"BV": 8, "SLICES": 4, "STAGES": 3}]
-WALK_IDS = ["heuristic", "2-slice-walks", "4-slice-walk"]
+# How a one-token program walks its V slices: the heuristic's choice for these small shapes, and forced
+# walks of several 8-column slices through a pipeline (V = 20: the third slice of a head half past V),
+# over the two value heads of a q/k head: in pairs (one pair straddles the heads) or all six at once.
+WALKS = [{}, {"BV": 8, "SLICES": 2, "STAGES": 2}, {"BV": 8, "SLICES": 6, "STAGES": 3}]
+WALK_IDS = ["heuristic", "2-slice-walks", "6-slice-walk"]
 
 
 def run(impl, op: str, *args, **kwargs):
@@ -100,8 +100,8 @@ def test_plain_matches_eager(dtype, B, T, H, HV, K, V, with_state, l2norm, scale
 def test_one_token_walks_match_eager(walk, gen, monkeypatch):
     """One token per sequence, with and without states, through each walk over the V slices."""
     monkeypatch.setattr(decode, "OVERRIDES", dict(walk))
-    q, k, v, g, beta = make_inputs(gen, 3, 1, 2, 4, 16, 24)
-    h0 = random_pool(gen, 3, 4, 16, 24)
+    q, k, v, g, beta = make_inputs(gen, 3, 1, 2, 4, 16, 20)
+    h0 = random_pool(gen, 3, 4, 16, 20)
     for kwargs in ({}, {"initial_state": h0, "output_final_state": True}):
         (o, final), (ro, rfinal) = triton_and_eager(
             PLAIN, q, k, v, g, beta=beta, use_qk_l2norm_in_kernel=True, **kwargs
@@ -148,7 +148,7 @@ def test_plain_varlen_and_no_final_state(gen):
 @pytest.mark.single_op
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_pool_matches_eager_and_padding_leaves_rows_bit_identical(dtype, gen):
-    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 20, 7
     q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V, dtype)
     pool = random_pool(gen, slots, HV, K, V)
     before, eager_pool = pool.clone(), pool.clone()
@@ -163,11 +163,13 @@ def test_pool_matches_eager_and_padding_leaves_rows_bit_identical(dtype, gen):
 
 
 @pytest.mark.single_op
+@pytest.mark.parametrize("walk", WALKS, ids=WALK_IDS)
 @pytest.mark.parametrize("pool_dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_precision_pools_round_the_fp32_recurrence_into_the_pool(pool_dtype, gen):
+def test_half_precision_pools_round_the_fp32_recurrence_into_the_pool(pool_dtype, walk, gen, monkeypatch):
     """A bf16 / fp16 pool: the state is read from the pool's dtype, the step runs in fp32 and the new
     state is rounded into the pool (half the state traffic of an fp32 pool), as eager does."""
-    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    monkeypatch.setattr(decode, "OVERRIDES", dict(walk))
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 20, 7
     q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V, torch.bfloat16)
     pool = random_pool(gen, slots, HV, K, V).to(pool_dtype)
     before, eager_pool = pool.clone(), pool.clone()
@@ -208,7 +210,7 @@ def test_pool_slots_out_of_range_or_repeated_give_nan_rows_and_leave_the_pool(in
     """The kernel reads the slots on the device: a bad one never reaches memory out of range and
     never writes a slot; its sequence's outputs are NaN, every other sequence is served as usual."""
     monkeypatch.setattr(decode, "OVERRIDES", dict(walk))
-    B, H, HV, K, V, slots = 4, 2, 4, 16, 24, 7
+    B, H, HV, K, V, slots = 4, 2, 4, 16, 20, 7
     q, k, v, g, beta = make_inputs(gen, B, 1, H, HV, K, V)
     pool = random_pool(gen, slots, HV, K, V)
     before, eager_pool = pool.clone(), pool.clone()
@@ -358,7 +360,7 @@ def test_launch_config_heuristic(monkeypatch):
     gpu = torch.device("cuda", 0)
 
     def pick(N, K=128, V=128):
-        cfg = decode.launch_config(N, 32, K, V, gpu)
+        cfg = decode.launch_config(N, 16, 32, K, V, gpu)
         return cfg.BV, cfg.num_warps
 
     assert pick(64) == (32, 1)  # enough programs: the widest slice, 128 values per thread
@@ -369,15 +371,21 @@ def test_launch_config_heuristic(monkeypatch):
     assert pick(256, K=512) == (8, 1)
 
     def walk(N, K=128, state_bytes=4):  # one token a sequence
-        cfg = decode.launch_config(N, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes)
+        cfg = decode.launch_config(N, 16, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes)
         return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES, cfg.BLOCK_N
 
-    assert walk(256) == (64, 4, 2, 3, 32)  # 8192 programs walking both 64-column slices of a head
-    assert walk(256, state_bytes=2) == (64, 2, 2, 3, 32)  # a bf16 pool: 128 state elements a thread
-    assert walk(64) == (64, 4, 1, 1, 32)  # 2048 walks would be short of programs: one slice each
+    # 4096 programs, each walking both 64-column slices of the two value heads of a q/k head
+    assert walk(256) == (64, 4, 4, 3, 32)
+    assert walk(256, state_bytes=2) == (64, 2, 4, 3, 32)  # a bf16 pool: 128 state elements a thread
+    assert walk(64) == (64, 4, 4, 3, 32)  # 1024 programs: about 8 an SM
+    assert walk(32) == (64, 4, 2, 3, 32)  # 512 walks of four would be short of programs: pairs
     assert walk(1, state_bytes=2) == (64, 2, 1, 1, 32)
-    assert walk(256, K=256) == (64, 8, 2, 3, 32)  # 64 state elements a thread
-    assert walk(256, K=256, state_bytes=2) == (64, 8, 2, 3, 32)  # fewer a thread past K = 128
+    assert walk(256, K=256) == (64, 8, 4, 3, 32)  # 64 state elements a thread
+    assert walk(256, K=256, state_bytes=2) == (64, 8, 4, 3, 32)  # fewer a thread past K = 128
+    assert decode.launch_config(256, 16, 48, 128, 128, gpu, one_token=True).SLICES == 2  # 3 heads of 2 slices
+    monkeypatch.setattr(decode, "OVERRIDES", {"SLICES": 3})
+    with pytest.raises(ValueError, match="SLICES=3 must divide the 4 V slices"):
+        walk(256)
     monkeypatch.setattr(decode, "OVERRIDES", {"BV": 32, "num_warps": 8})
     assert pick(64) == (32, 8)
     monkeypatch.setattr(decode, "OVERRIDES", {"bv": 64})

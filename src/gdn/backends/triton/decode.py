@@ -1,8 +1,8 @@
 """The fused recurrent gated delta rule for decode: `fused_recurrent_gated_delta_rule` (initial /
 final state) and `fused_recurrent_gated_delta_rule_update` (a state pool read and written in place).
 
-A program per (sequence, value head, group of V slices) keeps one [K, BV] slice of the state at a time
-in registers, in fp32, and walks the sequence's tokens over it. Per token, with d = exp(g) and q
+A program per (sequence, group of V slices of one q/k head's value heads) keeps one [K, BV] slice of
+the state at a time in registers, in fp32, and walks the sequence's tokens over it. Per token, with d = exp(g) and q
 already scaled:
     h' = d h,   u = beta (v - h'^T k),   h = h' + k u^T,   o = h^T q = h'^T q + (q . k) u.
 Both reductions over K read h' before the update, so they share one pass over the tile and the
@@ -14,12 +14,14 @@ plus 32-bit offsets within the slot (64-bit per-element addresses cost registers
 took the pool update from 2.9 to 3.6 TB/s at B=256 (2026-11-29).
 
 A decode step (one token per sequence, no cu_seqlens) is the serving hot path. There a program checks
-its row once and walks several slices in a loop that Triton pipelines (the next slices' state loads go
-through shared memory while one slice updates; no registers held for them), so a half-precision pool,
-whose tiles arrive in half the time, keeps more of them in flight. On the H200 (2026-12-02, B = 256)
-a bf16 pool took 0.177-0.182 ms and an fp32 one 0.297 ms: 1.68x, not the 2x its bytes allow (ncu of the
-walk: issue-latency bound, and per state element a bf16 walk executes about as many instructions as
-an fp32 one; bench/NOTES.md).
+its row once, normalises q and k once, and walks several slices in a loop that Triton pipelines (the
+next slices' state loads go through shared memory while one slice updates; no registers held for
+them). A walk may cover the slices of every value head that shares the program's q/k head, so that its
+set-up (the slot checks, q and k) is paid once per more state. On the H200 (2026-12-03, B = 256,
+bench/results/decode-walks4-2026-12-03.json) walks of four 64-column slices (both value heads of a q/k
+head) took an fp32 pool 0.290 ms and a bf16 one 0.174 ms, against 0.305 / 0.181 for walks of two in the
+same run: 1.67x, not the 2x a bf16 pool's bytes allow (ncu of the walk: issue-latency bound, and per state
+element a bf16 walk executes about as many instructions as an fp32 one; bench/NOTES.md).
 
 The token count is a runtime argument that Triton does not specialize, and no other argument changes
 with it (token offsets are computed in the kernel from constexpr head counts and dims), so a new
@@ -75,23 +77,26 @@ PROGRAMS_PER_SM = 4
 # 2 warps); `BLOCK_N` in OVERRIDES tries wider steps (fewer dependent reads before the state is written).
 THREADS_PER_WARP = 32
 # One token per sequence: slices of 64 columns over 4 warps for an fp32 state (64 state elements a
-# thread) and over 2 warps for a half-precision one (128), a walk of at most two slices while that
-# leaves about PIPELINED_PROGRAMS_PER_SM programs an SM, loads three slices deep. Swept on the H200
-# (Triton 3.6, HV = 32, K = V = 128, 2026-12-02, bench/results/decode-2026-12-02.json and
-# decode-bf16-2026-12-02.json): at B = 256 an fp32 pool took 0.297 ms this way, against 0.322 ms for one
-# 128 x 32 slice per one-warp program (the layout before); 16-column walks on one warp were slower
-# (0.46 ms). A bf16 pool took 0.181 ms (0.052 at B = 64) with 64 columns over 2 warps, against 0.194
-# (0.059) with 32 over 2: a bf16 row of 32 columns is four 16-byte vectors, so 8 lanes share each K
-# column and both reductions over K shuffle 3 steps per column; at 64 columns 4 lanes do. The same
-# layout loses with an fp32 pool at B = 256 (0.483 ms: twice the registers a thread). The slot scan
+# thread) and over 2 warps for a half-precision one (128), a walk of up to four slices of one q/k head's
+# value heads while that leaves about PIPELINED_PROGRAMS_PER_SM programs an SM, loads three slices deep.
+# Swept on the H200 (Triton 3.6, HV = 32, K = V = 128, 2026-12-02, bench/results/decode-2026-12-02.json
+# and decode-bf16-2026-12-02.json): at B = 256 an fp32 pool took 0.297 ms with walks of two, against
+# 0.322 ms for one 128 x 32 slice per one-warp program (the layout before); 16-column walks on one warp
+# were slower (0.46 ms). A bf16 pool took 0.181 ms (0.052 at B = 64) with 64 columns over 2 warps,
+# against 0.194 (0.059) with 32 over 2: a bf16 row of 32 columns is four 16-byte vectors, so 8 lanes
+# share each K column and both reductions over K shuffle 3 steps per column; at 64 columns 4 lanes do.
+# The same layout loses with an fp32 pool at B = 256 (0.483 ms: twice the registers a thread). Walks of
+# four (2026-12-03, decode-walks4-2026-12-03.json, one run): 0.290 / 0.174 ms at B = 256 against
+# 0.305 / 0.181 for two and 0.291 / 0.191 for one (fp32 / bf16); at B = 64 (1024 programs, under 8 an
+# SM) 0.080 / 0.050 against 0.082 / 0.052 for two; eight 32-column slices were slower on both pools. The slot scan
 # reads one warp's worth of indices a step (PIPELINED_BLOCK_N): at 2 warps a step of 64 spilled 4 bytes
 # of the bf16 walk's 255 registers (ptxas, sm_90), and 32 was as fast or faster on both pools (0.1772
 # against 0.1815 ms bf16, 0.2967 against 0.2968 fp32 at B = 256).
 PIPELINED_BLOCK_N = THREADS_PER_WARP
 PIPELINED_BV = 64
 PIPELINED_ELEMENTS = {4: 64, 2: 128}  # by the state's element size
-PIPELINED_MAX_SLICES = 2
-PIPELINED_PROGRAMS_PER_SM = 32
+PIPELINED_MAX_SLICES = 4
+PIPELINED_PROGRAMS_PER_SM = 6
 PIPELINED_STAGES = 3
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
 OVERRIDES: dict[str, int] = {}
@@ -120,6 +125,19 @@ def as_block(x, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _token_qk(t, q_ptr, k_ptr, scale, i_h, o_k, H: tl.constexpr, K: tl.constexpr, L2NORM: tl.constexpr):
+    """What token t gives every value head of q/k head i_h: q (normed, scaled), k (normed) and q . k."""
+    mask_k = o_k < K
+    b_q = tl.load(q_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    b_k = tl.load(k_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    if L2NORM:
+        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
+        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
+    b_q = b_q * scale
+    return b_q, b_k, tl.sum(b_q * b_k)
+
+
+@triton.jit
 def _token_inputs(
     t,
     q_ptr,
@@ -137,16 +155,10 @@ def _token_inputs(
 ):
     """What token t gives every V slice of its head: q (normed, scaled), k (normed), the decay exp(g),
     beta and q . k."""
-    mask_k = o_k < K
-    b_q = tl.load(q_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
-    b_k = tl.load(k_ptr + (t * H + i_h) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    b_q, b_k, qk = _token_qk(t, q_ptr, k_ptr, scale, i_h, o_k, H, K, L2NORM)
     b_g = tl.load(g_ptr + t * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta_ptr + t * HV + i_hv).to(tl.float32)
-    if L2NORM:
-        b_q = b_q * tl.rsqrt(tl.sum(b_q * b_q) + L2NORM_EPS)
-        b_k = b_k * tl.rsqrt(tl.sum(b_k * b_k) + L2NORM_EPS)
-    b_q = b_q * scale
-    return b_q, b_k, tl.exp(b_g), b_beta, tl.sum(b_q * b_k)
+    return b_q, b_k, tl.exp(b_g), b_beta, qk
 
 
 @triton.jit
@@ -279,16 +291,18 @@ def _recurrent_kernel(
     ONE_TOKEN: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    """Grid (sequences, HV * groups of SLICES V slices): sequences on axis 0, which has no 65535 limit.
+    """Grid (sequences, H * groups of SLICES V slices): sequences on axis 0, which has no 65535 limit. A
+    group's slices belong to the value heads of one q/k head, NV slices each, in order.
     A program checks its row once and walks its slices. With one token per sequence (ONE_TOKEN) the
     walk is straight-line code per slice, so Triton pipelines it: the next slices' state loads are in
     flight (through shared memory) while one slice is updated."""
     NV: tl.constexpr = (V + BV - 1) // BV
-    NG: tl.constexpr = (NV + SLICES - 1) // SLICES
+    HG: tl.constexpr = HV // H  # value heads a q/k head serves
+    NS: tl.constexpr = HG * NV  # V slices of one q/k head, over its value heads
+    NG: tl.constexpr = (NS + SLICES - 1) // SLICES
     i_n = tl.program_id(0)
-    i_hv = tl.program_id(1) // NG
-    i_g = tl.program_id(1) % NG
-    i_h = i_hv // (HV // H)
+    i_h = tl.program_id(1) // NG
+    first = (tl.program_id(1) % NG) * SLICES  # the program's first slice among the head's NS
     if IS_VARLEN:
         bos = tl.load(cu_ptr + i_n).to(tl.int64)
         eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
@@ -325,13 +339,13 @@ def _recurrent_kernel(
         fill = 0.0  # every row of a plain call is served
         row = i_n.to(tl.int64)
         load_k = mask_k
-    state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
-    if ONE_TOKEN:
-        b_q, b_k, decay, b_beta, qk = _token_inputs(
-            bos, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
-        )
+    if ONE_TOKEN:  # q and k, shared by every slice of the walk
+        b_q, b_k, qk = _token_qk(bos, q_ptr, k_ptr, scale, i_h, o_k, H, K, L2NORM)
     for j in tl.range(0, SLICES, num_stages=STAGES):
-        o_v = (i_g * SLICES + j) * BV + tl.arange(0, BV)
+        i_s = first + j  # SLICES divides NS
+        i_hv = i_h * HG + i_s // NV
+        o_v = (i_s % NV) * BV + tl.arange(0, BV)
+        state_base = row * stride_hn + i_hv.to(tl.int64) * stride_hh
         mask_load = load_k[:, None] & (o_v < V)[None, :]
         mask_h = mask_k[:, None] & (o_v < V)[None, :]
         p_h = o_k[:, None] * stride_hk + o_v[None, :] * stride_hv  # within one slot and head: 32-bit
@@ -341,6 +355,8 @@ def _recurrent_kernel(
         if ONE_TOKEN:
             # served or not, the row runs its step (a branch would stop the pipelining); an unserved
             # row writes `fill` and its state is never stored
+            decay = tl.exp(tl.load(g_ptr + bos * HV + i_hv).to(tl.float32))
+            b_beta = tl.load(beta_ptr + bos * HV + i_hv).to(tl.float32)
             h = _token_update(h, b_q, b_k, decay, b_beta, qk, bos, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
         else:
             h = _tokens(
@@ -384,7 +400,14 @@ class LaunchConfig:
 
 
 def launch_config(
-    N: int, HV: int, K: int, V: int, device: torch.device, one_token: bool = False, state_bytes: int = 4
+    N: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    device: torch.device,
+    one_token: bool = False,
+    state_bytes: int = 4,
 ) -> LaunchConfig:
     """Several tokens per sequence: wide V slices (fewer redundant q/k loads) unless the grid would
     then be too small to keep the GPU's memory system busy, 128 state elements per thread, one slice per
@@ -393,7 +416,7 @@ def launch_config(
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
-    return _launch_config(N, HV, K, V, processors(device), one_token, state_bytes, _overrides())
+    return _launch_config(N, H, HV, K, V, processors(device), one_token, state_bytes, _overrides())
 
 
 def _overrides() -> tuple:
@@ -403,7 +426,7 @@ def _overrides() -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _launch_config(
-    N: int, HV: int, K: int, V: int, sms: int, one_token: bool, state_bytes: int, overrides: tuple
+    N: int, H: int, HV: int, K: int, V: int, sms: int, one_token: bool, state_bytes: int, overrides: tuple
 ) -> LaunchConfig:
     unknown = {name for name, _ in overrides} - {f.name for f in fields(LaunchConfig)}
     if unknown:
@@ -417,8 +440,10 @@ def _launch_config(
         warps = max(1, min(8, BK * BV // (32 * elements)))
         cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=PIPELINED_BLOCK_N)
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
-        slices = min(PIPELINED_MAX_SLICES, next_power_of_2(cdiv(V, cfg.BV)))
-        while slices > 1 and N * HV * cdiv(cdiv(V, cfg.BV), slices) < PIPELINED_PROGRAMS_PER_SM * sms:
+        # a walk covers slices of the value heads of one q/k head: a power of two that divides their count
+        per_head = HV // H * cdiv(V, cfg.BV)
+        slices = min(PIPELINED_MAX_SLICES, per_head & -per_head)
+        while slices > 1 and N * H * per_head // slices < PIPELINED_PROGRAMS_PER_SM * sms:
             slices //= 2
         cfg = replace(cfg, SLICES=slices, STAGES=PIPELINED_STAGES if slices > 1 else 1)
     else:
@@ -431,6 +456,12 @@ def _launch_config(
         warps = max(1, min(8, BK * BV // (32 * ELEMENTS_PER_THREAD)))
         cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=0)
     cfg = replace(cfg, **dict(overrides))
+    per_head = HV // H * cdiv(V, cfg.BV)
+    if per_head % cfg.SLICES:
+        raise ValueError(
+            f"decode.OVERRIDES: SLICES={cfg.SLICES} must divide the {per_head} V slices of a q/k head's "
+            f"value heads (HV // H = {HV // H} heads of {cdiv(V, cfg.BV)} slices of BV={cfg.BV})"
+        )
     return cfg if cfg.BLOCK_N else replace(cfg, BLOCK_N=THREADS_PER_WARP * cfg.num_warps)
 
 
@@ -451,8 +482,8 @@ def _step(
     every token, and reading sixteen keywords per launch into the launch key cost the B = 1 step more
     host time than its kernel's own launcher (measured on a CPU host with the launcher stubbed out).
     Not keyed by T: a prefill of another length reuses them. `flags`: as _constants takes them."""
-    cfg = _launch_config(N, HV, K, V, sms, one_token, state_bytes, overrides)
-    grid = (N, HV * cdiv(cdiv(V, cfg.BV), cfg.SLICES))
+    cfg = _launch_config(N, H, HV, K, V, sms, one_token, state_bytes, overrides)
+    grid = (N, H * cdiv(HV // H * cdiv(V, cfg.BV), cfg.SLICES))
     return grid, _constants(H, HV, K, V, cfg, one_token, flags)
 
 
