@@ -1,14 +1,48 @@
 """One op call as it runs outside a compiled graph: validate (gdn.calls), take the backend gdn.resolve
-chose for (op, device), run the value checks its kernel does not guard, call it."""
+chose for (op, device), run the value checks its kernel does not guard, call it.
+
+A decode step repeats one call's metadata every token. For an op whose serving implementation offers a
+prepared step (`fn.prepare(call)`: the triton pool update), a call whose tensors match an earlier
+validated call's in type, shape, dtype, device and strides, with the same options, under the same
+decision of the resolver (the same object) and value-check mode, goes straight to that call's prepared
+step: no validation, resolution or launch set-up again (on an H200's host those cost about as much as
+the kernel's own launch). Only where the step's kernel checks the values itself (the pool indices), the
+checks are not asked for on the host (GDN_VALUE_CHECKS=1), and no gradient is wanted; anything else
+takes the full path."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from gdn import _validate as check
 from gdn.calls import PREPARE, Call
-from gdn.resolve import for_call, guards_values, resolve
+from gdn.resolve import Resolution, decided, for_call, guards_values, last_route, record_route, resolve
+
+# the ops that may have a prepared step, and how many leading positional arguments are its tensors
+# (a call that passes one of them by keyword takes the full path)
+STEP_TENSORS = {"fused_recurrent_gated_delta_rule_update": 7}  # q, k, v, g, beta, ssm_pool, ssm_indices
+# a step's other arguments (options) must be plain values: a tensor among them (cu_seqlens) is bound
+# into the launch, so such a call takes the full path
+_OPTION_TYPES = (bool, int, float, type(None))
+MAX_STEPS = 64
+# _step_key -> (the resolution it was prepared under, the route, the step or None where the call has no
+# prepared step)
+_steps: dict[tuple, tuple[Resolution, str | None, Callable | None]] = {}
+_steps_lock = threading.Lock()  # for the writers; a hit reads without it
+
+
+def metadata(tensors: tuple) -> tuple:
+    """What a prepared step relies on of each tensor: type, shape, dtype, device, strides."""
+    return tuple(
+        [
+            (type(t), t.shape, t.dtype, t.device, t.stride()) if isinstance(t, torch.Tensor) else (type(t),)
+            for t in tensors
+        ]
+    )
 
 
 def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Callable]:
@@ -22,5 +56,59 @@ def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Ca
 
 
 def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    width = STEP_TENSORS.get(name)
+    if width is not None and len(args) >= width:
+        key = _step_key(name, args, width, kwargs)
+        if key is not None:
+            entry = _steps.get(key)
+            tensors = args[:width]
+            # a stored step's key holds only tensors' metadata (a call whose arguments are not tensors
+            # fails validation before any step is stored)
+            if (
+                entry is not None
+                and entry[2] is not None
+                and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            ):
+                record_route(entry[1])
+                return entry[2](*tensors)
+            return _prepare_step(name, key, args, kwargs)
     call, _, fn = serve(name, args, kwargs)
+    return fn(call)
+
+
+def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tuple | None:
+    """The call's metadata, options, value-check mode and the resolver's decision (by identity: a
+    decision made again after a reset, a registration or under another mode is another object; an entry
+    holds its decision, so the identity is not reused while the entry lives); None for a call that
+    cannot take a prepared step, or before the op is resolved (the first call resolves it in its own
+    class, gdn.resolve)."""
+    options = args[width:]
+    for value in options:
+        if type(value) not in _OPTION_TYPES:
+            return None
+    for value in kwargs.values():
+        if type(value) not in _OPTION_TYPES:
+            return None
+    first = args[0]
+    resolution = decided(name, first.device) if isinstance(first, torch.Tensor) else None
+    if resolution is None:
+        return None
+    tensors = metadata(args[:width])
+    return (name, tensors, options, tuple(kwargs.items()), check.value_check_mode(), id(resolution))
+
+
+def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The full path for a call, remembering its prepared step (or that it has none) for the calls
+    that repeat its metadata."""
+    call, backend, fn = serve(name, args, kwargs)
+    resolution = resolve(name, call.device, call)
+    prepare = getattr(fn, "prepare", None)
+    direct = prepare is not None and guards_values(backend, name) and check.value_check_mode() != "1"
+    entry = (resolution, last_route(), prepare(call) if direct else None)
+    if id(resolution) != key[-1]:
+        return fn(call)  # decided anew since the key was taken (a reset in another thread)
+    with _steps_lock:
+        if len(_steps) >= MAX_STEPS:
+            del _steps[next(iter(_steps))]  # the oldest
+        _steps[key] = entry
     return fn(call)

@@ -2,9 +2,9 @@
 batch composition, then called every token with that token's tensors.
 
 A serving loop calls the pool update with tensors whose types, shapes, dtypes, devices and strides
-repeat every token. The public call reads all of that again on every call (the validation memo, the
-resolver's cache, the backend's launch set-up): on an H200 host about 40 µs of Python in front of a
-B = 1 kernel of 8 µs. A prepared step compares its tensors' metadata with the prepared call's in one
+repeat every token. The public call finds its own prepared step for such a call (gdn.dispatch), after
+reading the metadata, the options, the environment and the resolver's decision again each call; a
+prepared step holds the pool and the options and compares its tensors' metadata with the prepared call's in one
 pass and hands them to the serving implementation's own prepared step, where it offers one and checks
 the index values on the device (the triton kernel); otherwise it makes the public call in full. Either
 way a step is checked as much as the public call: metadata equal to a validated call's, values checked
@@ -18,21 +18,12 @@ import torch
 
 from gdn import _validate as check
 from gdn import ops
-from gdn.dispatch import serve
+from gdn.dispatch import metadata, serve
 from gdn.resolve import guards_values, last_route, record_route
 
 OP = "fused_recurrent_gated_delta_rule_update"
 # what a step takes, in its order; the pool and the options are the prepared call's
 STEP_ARGUMENTS = ("q", "k", "v", "g", "beta", "ssm_indices")
-
-
-def _metadata(tensors: tuple) -> tuple:
-    return tuple(
-        [
-            (type(t), t.shape, t.dtype, t.device, t.stride()) if isinstance(t, torch.Tensor) else (type(t),)
-            for t in tensors
-        ]
-    )
 
 
 def _wants_grad(tensors: tuple) -> bool:
@@ -68,7 +59,7 @@ class PreparedPoolDecode:
         self.route: str = last_route() or backend
         self._pool = ssm_pool
         self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
-        self._metadata = _metadata((q, k, v, g, beta, ssm_indices))
+        self._metadata = metadata((q, k, v, g, beta, ssm_indices))
         prepare = getattr(fn, "prepare", None)
         direct = guards_values(backend, OP) and prepare is not None and check.value_check_mode() != "1"
         self._step: Callable[..., torch.Tensor] | None = prepare(call) if direct else None
@@ -83,15 +74,15 @@ class PreparedPoolDecode:
         ssm_indices: torch.Tensor,
     ) -> torch.Tensor:
         tensors = (q, k, v, g, beta, ssm_indices)
-        metadata = _metadata(tensors)
-        if metadata != self._metadata:
-            self._refuse(metadata)
+        found = metadata(tensors)
+        if found != self._metadata:
+            self._refuse(found)
         if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
             return ops.fused_recurrent_gated_delta_rule_update(
                 q, k, v, g, beta, self._pool, ssm_indices, **self._options
             )
         record_route(self.route)
-        return self._step(*tensors)
+        return self._step(q, k, v, g, beta, self._pool, ssm_indices)
 
     def _refuse(self, metadata: tuple) -> None:
         for name, got, prepared in zip(STEP_ARGUMENTS, metadata, self._metadata, strict=True):

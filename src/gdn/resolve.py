@@ -260,6 +260,12 @@ def resolve(op: str, device: torch.device | str, like: Call | None = None) -> Re
         return res
 
 
+def decided(op: str, device: torch.device) -> Resolution | None:
+    """The decision resolve() made for (op, device type, compute mode), or None before it has made one
+    (nothing is probed here)."""
+    return _cache.get((op, device.type, compute_mode()))
+
+
 _training_fallbacks: set[tuple[str, str, str]] = set()
 # the route that served this thread's (or asyncio task's) latest call
 _last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_last_route", default=None)

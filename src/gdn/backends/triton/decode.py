@@ -534,34 +534,33 @@ def _launch(
     q, k, v, g, beta = q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(), beta.contiguous()
     state_bytes = (h0 if h0 is not None else ht if ht is not None else v).element_size()
     pool = slots is not None
-    run = _launcher(shapes, scale, cu_seqlens, l2norm, h0, ht, pool, state_strides, pool_slots, q.device, state_bytes)
-    return run(q, k, v, g, beta, slots)
+    flags = (pool, h0 is not None, ht is not None, cu_seqlens is not None, l2norm)
+    run = _launcher(shapes, scale, cu_seqlens, flags, state_strides, pool_slots, q.device, state_bytes)
+    return run(q, k, v, g, beta, slots, h0, ht)
 
 
 def _launcher(
     shapes: GdnShapes,
     scale: float,
     cu_seqlens,
-    l2norm: bool,
-    h0,
-    ht,
-    use_pool: bool,
+    flags: tuple[bool, bool, bool, bool, bool],
     state_strides,
     pool_slots: int,
     device: torch.device,
     state_bytes: int,
 ) -> Callable[..., torch.Tensor]:
-    """What a launch decides from everything but q, k, v, g, beta and the slots: run(q, k, v, g, beta,
-    slots) -> o allocates the output and launches. A prepared decode step keeps one for its calls."""
+    """What a launch decides from everything but its tensors: run(q, k, v, g, beta, slots, h0, ht) -> o
+    allocates the output and launches, for tensors of the metadata it was decided for (h0 / ht the
+    state's strides; None where `flags` say there is none). A prepared step keeps one for its calls and
+    holds no tensor but cu_seqlens. `flags`: as _constants takes them."""
     one_token = shapes.T == 1 and cu_seqlens is None
-    flags = (use_pool, h0 is not None, ht is not None, cu_seqlens is not None, l2norm)
     sms = processors(device)
     grid, constants = _step(
         shapes.N, shapes.H, shapes.HV, shapes.K, shapes.V, sms, state_bytes, one_token, flags, _overrides()
     )
-    tail = (cu_seqlens, scale, shapes.T, shapes.N, pool_slots if use_pool else 0, *state_strides)
+    tail = (cu_seqlens, scale, shapes.T, shapes.N, pool_slots if flags[0] else 0, *state_strides)
 
-    def run(q, k, v, g, beta, slots) -> torch.Tensor:
+    def run(q, k, v, g, beta, slots, h0, ht) -> torch.Tensor:
         # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
         o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
         with device_guard(q):
@@ -624,33 +623,37 @@ def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
 
 
 def prepare_pool_update(call: PoolDecodeCall) -> Callable[..., torch.Tensor]:
-    """The prepared step (gdn.prepared) of `fused_recurrent_gated_delta_rule_update`: step(q, k, v, g,
-    beta, ssm_indices) -> o for tensors that match `call`'s in type, shape, dtype, device and strides
-    (the caller checks that), on `call`'s pool and options. The launch's configuration, grid and
-    constants are decided here once; a step allocates the output and launches. The kernel checks the
-    indices itself, as on the op's own path; a step that needs gradients never comes here (the caller
-    makes the public call, which serves it eager)."""
+    """The prepared step of `fused_recurrent_gated_delta_rule_update` (gdn.prepared, gdn.dispatch):
+    step(q, k, v, g, beta, ssm_pool, ssm_indices) -> o for tensors that match `call`'s in type, shape,
+    dtype, device and strides (the caller checks that), with `call`'s options. The launch's
+    configuration, grid and constants are decided here once; a step allocates the output and launches.
+    The step holds no tensor (the pool comes with each step: a cached step never keeps a pool alive). The
+    kernel checks the indices itself, as on the op's own path; a step that needs gradients never comes
+    here (the caller makes the public call, which serves it eager)."""
     pool = call.ssm_pool
+    flags = (True, True, True, call.cu_seqlens is not None, call.use_qk_l2norm_in_kernel)
     run = _launcher(
         call.shapes,
         call.scale,
         call.cu_seqlens,
-        call.use_qk_l2norm_in_kernel,
-        pool,
-        pool,
-        True,
+        flags,
         pool.stride(),
         pool.shape[0],
         call.q.device,
         pool.element_size(),
     )
     if all(t.is_contiguous() for t in (call.q, call.k, call.v, call.g, call.beta, call.ssm_indices)):
-        return run  # a step's tensors have the prepared strides: dense too
 
-    def step(q, k, v, g, beta, ssm_indices) -> torch.Tensor:
-        return run(*(t.contiguous() for t in (q, k, v, g, beta, ssm_indices)))
+        def step(q, k, v, g, beta, ssm_pool, ssm_indices) -> torch.Tensor:
+            return run(q, k, v, g, beta, ssm_indices, ssm_pool, ssm_pool)
 
-    return step
+        return step  # a step's tensors have the prepared strides: dense too
+
+    def strided_step(q, k, v, g, beta, ssm_pool, ssm_indices) -> torch.Tensor:
+        q, k, v, g, beta, ssm_indices = (t.contiguous() for t in (q, k, v, g, beta, ssm_indices))
+        return run(q, k, v, g, beta, ssm_indices, ssm_pool, ssm_pool)
+
+    return strided_step
 
 
 # how gdn.prepared finds it: an implementation's own prepared step

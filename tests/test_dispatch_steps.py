@@ -1,0 +1,154 @@
+"""The public pool update's repeated calls (gdn.dispatch): a call whose tensors repeat an earlier
+validated call's metadata goes straight to the triton kernel's prepared step, and gives what eager
+gives; the pool it is handed (not the one prepared) is the one read and written; the cache keeps no
+pool alive; another mode, other metadata, host value checks on request and gradients take the full
+path.
+
+Without a CUDA device the triton kernels run under the Triton interpreter, set before they are
+imported."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+pytest.importorskip("triton")
+
+import gdn
+from gdn import dispatch
+from gdn.resolve import compute_mode_override, last_route
+from reference import rel_err
+
+pytestmark = pytest.mark.single_op
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+B, H, HV, K, V, SLOTS = 3, 1, 2, 16, 16, 8
+
+
+def tokens(gen):
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(DEVICE)
+
+    q, k, v = randn(B, 1, H, K), randn(B, 1, H, K, scale=K**-0.5), randn(B, 1, HV, V)
+    g = (-torch.rand(B, 1, HV, generator=gen) * 0.5).to(DEVICE)
+    beta = torch.rand(B, 1, HV, generator=gen).to(DEVICE)
+    return q, k, v, g, beta
+
+
+def slots(gen):
+    return torch.randperm(SLOTS, generator=gen)[:B].to(torch.int32).to(DEVICE)
+
+
+def new_pool(gen):
+    return (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """The calls that went through validation and resolution (dispatch.serve)."""
+    calls = []
+    serve = dispatch.serve
+    monkeypatch.setattr(dispatch, "serve", lambda *a: calls.append(a[0]) or serve(*a))
+    monkeypatch.setattr(dispatch, "_steps", {})
+    return calls
+
+
+def update(*args, **kwargs):
+    return gdn.fused_recurrent_gated_delta_rule_update(*args, use_qk_l2norm_in_kernel=True, **kwargs)
+
+
+def test_repeated_calls_take_the_prepared_step_and_equal_eager(gen, served):
+    pool = new_pool(gen)
+    expected_pool = pool.clone()
+    with torch.no_grad():
+        for _ in range(4):
+            inputs, indices = tokens(gen), slots(gen)
+            with compute_mode_override("triton"):
+                o = update(*inputs, pool, indices)
+                assert last_route().startswith("triton")
+            with compute_mode_override("eager"):
+                expected = update(*inputs, expected_pool, indices)
+            assert rel_err(o, expected) <= 1e-5 and rel_err(pool, expected_pool) <= 1e-5
+    # the triton calls: the first resolves the op, the second prepares its step, the rest are steps; the
+    # eager backend has no prepared step
+    assert len(served) == 2 + 4
+
+
+def test_a_step_reads_and_writes_the_pool_it_is_handed(gen, served):
+    first, second = new_pool(gen), new_pool(gen)
+    with torch.no_grad(), compute_mode_override("triton"):
+        for _ in range(2):  # resolved, then prepared
+            update(*tokens(gen), first, slots(gen))
+        before = first.clone()
+        inputs, indices = tokens(gen), slots(gen)
+        expected_pool = second.clone()
+        o = update(*inputs, second, indices)
+        assert len(served) == 2  # the call on the second pool was a step
+        with compute_mode_override("eager"):
+            expected = update(*inputs, expected_pool, indices)
+    assert torch.equal(first, before)
+    assert rel_err(o, expected) <= 1e-5 and rel_err(second, expected_pool) <= 1e-5
+
+
+def test_the_steps_keep_no_pool_alive(gen, served):
+    pool = new_pool(gen)
+    with torch.no_grad(), compute_mode_override("triton"):
+        for _ in range(2):
+            update(*tokens(gen), pool, slots(gen))
+    assert [step for _, _, step in dispatch._steps.values() if step is not None]
+    gone = weakref.ref(pool)
+    del pool
+    gc.collect()
+    assert gone() is None
+
+
+def test_another_mode_or_metadata_takes_the_full_path(gen, served):
+    pool = new_pool(gen)
+    with torch.no_grad():
+        with compute_mode_override("triton"):
+            for _ in range(2):
+                update(*tokens(gen), pool, slots(gen))
+        with compute_mode_override("eager"):
+            update(*tokens(gen), pool, slots(gen))
+            assert last_route() == "eager"
+        with compute_mode_override("triton"):
+            q, k, v, g, beta = tokens(gen)
+            strided = torch.empty(B, 1, H, 2 * K, device=DEVICE)[..., ::2].copy_(q)
+            indices = slots(gen)
+            o = update(strided, k, v, g, beta, pool.clone(), indices)
+            expected = update(q, k, v, g, beta, pool.clone(), indices)
+    assert len(served) == 4  # triton twice, eager, strided q (then the dense call is a step)
+    assert rel_err(o, expected) <= 1e-5
+
+
+def test_host_value_checks_on_request_run_on_every_call(gen, served, monkeypatch):
+    pool = new_pool(gen)
+    repeated = torch.tensor([5, 2, 5], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad(), compute_mode_override("triton"):
+        for _ in range(2):
+            update(*tokens(gen), pool, slots(gen))
+        o = update(*tokens(gen), pool, repeated)  # a step: the kernel refuses the repeated slot's rows
+        assert len(served) == 2
+        assert o[[0, 2]].isnan().all() and not o[1].isnan().any()
+        monkeypatch.setenv("GDN_VALUE_CHECKS", "1")
+        update(*tokens(gen), pool, slots(gen))
+        with pytest.raises(ValueError, match="distinct live slots"):
+            update(*tokens(gen), pool, repeated)
+
+
+def test_a_call_that_needs_gradients_takes_the_full_path(gen, served):
+    pool = new_pool(gen)
+    with compute_mode_override("triton"):
+        with torch.no_grad():
+            update(*tokens(gen), pool, slots(gen))
+        q, k, v, g, beta = tokens(gen)
+        o = update(q.requires_grad_(), k, v, g, beta, pool, slots(gen))
+    assert last_route() == "eager" and o.grad_fn is not None
+    o.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
