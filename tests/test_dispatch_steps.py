@@ -24,29 +24,14 @@ pytest.importorskip("triton")
 import gdn
 from gdn import dispatch
 from gdn.resolve import compute_mode_override, last_route
+from pool_steps import DEVICE, SLOTS, B, H, K, new_pool, tokens
 from reference import rel_err
 
 pytestmark = pytest.mark.single_op
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-B, H, HV, K, V, SLOTS = 3, 1, 2, 16, 16, 8
-
-
-def tokens(gen):
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(DEVICE)
-
-    q, k, v = randn(B, 1, H, K), randn(B, 1, H, K, scale=K**-0.5), randn(B, 1, HV, V)
-    g = (-torch.rand(B, 1, HV, generator=gen) * 0.5).to(DEVICE)
-    beta = torch.rand(B, 1, HV, generator=gen).to(DEVICE)
-    return q, k, v, g, beta
 
 
 def slots(gen):
     return torch.randperm(SLOTS, generator=gen)[:B].to(torch.int32).to(DEVICE)
-
-
-def new_pool(gen):
-    return (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
 
 
 @pytest.fixture

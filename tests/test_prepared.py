@@ -22,21 +22,10 @@ pytest.importorskip("triton")
 import gdn
 from gdn import prepared
 from gdn.resolve import compute_mode_override
+from pool_steps import DEVICE, HV, SLOTS, B, H, K, V, new_pool, tokens
 from reference import rel_err
 
 pytestmark = pytest.mark.single_op
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-B, H, HV, K, V, SLOTS = 3, 1, 2, 16, 16, 8
-
-
-def tokens(gen, batch=B):
-    def randn(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(DEVICE)
-
-    q, k, v = randn(batch, 1, H, K), randn(batch, 1, H, K, scale=K**-0.5), randn(batch, 1, HV, V)
-    g = (-torch.rand(batch, 1, HV, generator=gen) * 0.5).to(DEVICE)
-    beta = torch.rand(batch, 1, HV, generator=gen).to(DEVICE)
-    return q, k, v, g, beta
 
 
 def slots(gen, batch=B):
@@ -48,7 +37,7 @@ def slots(gen, batch=B):
 
 @pytest.mark.parametrize("mode", ["triton", "eager"])
 def test_prepared_steps_equal_the_public_call(mode, gen):
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     expected_pool = pool.clone()
     with torch.no_grad(), compute_mode_override(mode):
         step = gdn.PreparedPoolDecode(*tokens(gen), pool, slots(gen), use_qk_l2norm_in_kernel=True)
@@ -67,7 +56,7 @@ def test_prepared_steps_equal_the_public_call(mode, gen):
 def test_a_step_on_strided_tensors_equals_the_public_call(gen):
     """Tensors prepared non-contiguous (q a view of a wider buffer, indices every other entry): each step
     with the same strides gives the public call's answer."""
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     expected_pool = pool.clone()
 
     def strided(gen):
@@ -127,7 +116,7 @@ def test_the_triton_step_makes_no_public_call_and_the_eager_one_does(gen, monkey
 def test_a_step_guards_indices_as_the_public_call(gen, monkeypatch):
     """triton: a repeated slot gives its rows NaN and leaves the pool untouched, checked on the device;
     eager, or GDN_VALUE_CHECKS=1 when preparing: the host check's error."""
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     before = pool.clone()
     repeated = torch.tensor([5, 2, 5], dtype=torch.int32, device=DEVICE)
     with torch.no_grad():
@@ -148,7 +137,7 @@ def test_a_step_guards_indices_as_the_public_call(gen, monkeypatch):
 
 def test_a_step_that_needs_gradients_is_served_as_the_public_call_serves_it(gen):
     """The triton kernel is forward only: the public call serves such a call eager, and so does a step."""
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     expected_pool = pool.clone()
     with compute_mode_override("triton"):
         with torch.no_grad():
@@ -165,7 +154,7 @@ def test_a_step_that_needs_gradients_is_served_as_the_public_call_serves_it(gen)
 @pytest.mark.parametrize("mode", ["triton", "eager"])
 def test_a_step_compiles_without_graph_breaks_and_equals_the_eager_call(mode, gen):
     """Inside torch.compile a step is the public op's custom op: one graph, the same answer."""
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     expected_pool = pool.clone()
     with torch.no_grad(), compute_mode_override(mode):
         step = gdn.PreparedPoolDecode(*tokens(gen), pool, slots(gen))
@@ -180,7 +169,7 @@ def test_a_step_compiles_without_graph_breaks_and_equals_the_eager_call(mode, ge
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
 def test_a_step_captured_in_a_cuda_graph_replays_new_tokens(gen):
-    pool = (torch.randn(SLOTS, HV, K, V, generator=gen) * 0.1).to(DEVICE)
+    pool = new_pool(gen)
     expected_pool = pool.clone()
     static = [*tokens(gen), slots(gen)]
     with torch.no_grad(), compute_mode_override("triton"):

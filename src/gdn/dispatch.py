@@ -97,18 +97,24 @@ def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tup
     return (name, tensors, options, tuple(kwargs.items()), check.value_check_mode(), id(resolution))
 
 
+def prepared_step(name: str, call: Call, backend: str, fn: Callable) -> Callable | None:
+    """The serving implementation's prepared step for a validated call, where it offers one and its
+    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
+    prepare = getattr(fn, "prepare", None)
+    if prepare is None or not guards_values(backend, name) or check.value_check_mode() == "1":
+        return None
+    return prepare(call)
+
+
 def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The full path for a call, remembering its prepared step (or that it has none) for the calls
     that repeat its metadata."""
     call, backend, fn = serve(name, args, kwargs)
-    resolution = resolve(name, call.device, call)
-    prepare = getattr(fn, "prepare", None)
-    direct = prepare is not None and guards_values(backend, name) and check.value_check_mode() != "1"
-    entry = (resolution, last_route(), prepare(call) if direct else None)
-    if id(resolution) != key[-1]:
-        return fn(call)  # decided anew since the key was taken (a reset in another thread)
-    with _steps_lock:
-        if len(_steps) >= MAX_STEPS:
-            del _steps[next(iter(_steps))]  # the oldest
-        _steps[key] = entry
+    resolution = decided(name, call.device)
+    if id(resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
+        entry = (resolution, last_route(), prepared_step(name, call, backend, fn))
+        with _steps_lock:
+            if len(_steps) >= MAX_STEPS:
+                del _steps[next(iter(_steps))]  # the oldest
+            _steps[key] = entry
     return fn(call)

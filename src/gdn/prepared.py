@@ -4,8 +4,8 @@ batch composition, then called every token with that token's tensors.
 A serving loop calls the pool update with tensors whose types, shapes, dtypes, devices and strides
 repeat every token. The public call finds its own prepared step for such a call (gdn.dispatch), after
 reading the metadata, the options, the environment and the resolver's decision again each call; a
-prepared step holds the pool and the options and compares its tensors' metadata with the prepared call's in one
-pass and hands them to the serving implementation's own prepared step, where it offers one and checks
+prepared step holds the pool and the options and compares its tensors' metadata with the prepared
+call's in one pass and hands them to the serving implementation's own prepared step, where it offers one and checks
 the index values on the device (the triton kernel); otherwise it makes the public call in full. Either
 way a step is checked as much as the public call: metadata equal to a validated call's, values checked
 by the kernel or on the host as the public call would."""
@@ -16,10 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from gdn import _validate as check
 from gdn import ops
-from gdn.dispatch import metadata, serve
-from gdn.resolve import guards_values, last_route, record_route
+from gdn.dispatch import metadata, prepared_step, serve
+from gdn.resolve import last_route, record_route
 
 OP = "fused_recurrent_gated_delta_rule_update"
 # what a step takes, in its order; the pool and the options are the prepared call's
@@ -60,9 +59,7 @@ class PreparedPoolDecode:
         self._pool = ssm_pool
         self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
         self._metadata = metadata((q, k, v, g, beta, ssm_indices))
-        prepare = getattr(fn, "prepare", None)
-        direct = guards_values(backend, OP) and prepare is not None and check.value_check_mode() != "1"
-        self._step: Callable[..., torch.Tensor] | None = prepare(call) if direct else None
+        self._step: Callable[..., torch.Tensor] | None = prepared_step(OP, call, backend, fn)
 
     def __call__(
         self,
