@@ -125,25 +125,25 @@ def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
     once the key is built (stream lookup, hooks read, launcher) and (b) by its launcher alone with
     every argument prepared: the least host time any Python caller of this kernel pays on this host."""
     captured = []
-    original = launching._Binary.run
+    original = launching._Binary.run_whole
 
     def capture(self, *args):
         captured.append((self, args))
         return original(self, *args)
 
-    launching._Binary.run = capture
+    launching._Binary.run_whole = capture
     try:
         for _ in range(2):
             ours(inputs, pool, indices)()
     finally:
-        launching._Binary.run = original
-    binary, (device, grid, args) = captured[-1]
-    values, whole, stream = binary.values(args), launching.whole_grid(grid), binary.stream(device)
+        launching._Binary.run_whole = original
+    binary, (device, whole, args) = captured[-1]
+    values, stream = binary.values(args), binary.stream(device)
 
     def launcher_alone():
         binary.launcher(*whole, stream, binary.function, binary.packed_metadata, None, None, None, *values)
 
-    return back_to_back_ms(lambda: binary.run(device, grid, args)), back_to_back_ms(launcher_alone)
+    return back_to_back_ms(lambda: binary.run_whole(device, whole, args)), back_to_back_ms(launcher_alone)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 
 import gdn
 from gdn import dispatch
-from gdn.resolve import compute_mode_override, last_route
+from gdn.resolve import compute_mode, compute_mode_override, last_route
 from pool_steps import DEVICE, SLOTS, B, H, K, new_pool, tokens
 from reference import rel_err
 
@@ -41,6 +41,7 @@ def served(monkeypatch):
     serve = dispatch.serve
     monkeypatch.setattr(dispatch, "serve", lambda *a: calls.append(a[0]) or serve(*a))
     monkeypatch.setattr(dispatch, "_steps", {})
+    monkeypatch.setattr(dispatch, "_latest", {})
     return calls
 
 
@@ -86,7 +87,7 @@ def test_the_steps_keep_no_pool_alive(gen, served):
     with torch.no_grad(), compute_mode_override("triton"):
         for _ in range(2):
             update(*tokens(gen), pool, slots(gen))
-    assert [step for _, _, step in dispatch._steps.values() if step is not None]
+    assert [step for step in dispatch._steps.values() if step.run is not None]
     gone = weakref.ref(pool)
     del pool
     gc.collect()
@@ -137,3 +138,43 @@ def test_a_call_that_needs_gradients_takes_the_full_path(gen, served):
     assert last_route() == "eager" and o.grad_fn is not None
     o.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_an_option_of_another_type_is_validated_again(gen, served):
+    """A flag and the integer 1 are equal in Python, but only the flag is a valid option."""
+    pool = new_pool(gen)
+    with torch.no_grad(), compute_mode_override("triton"):
+        for _ in range(2):  # resolved, then prepared
+            gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, True)
+        with pytest.raises(TypeError, match="'use_qk_l2norm_in_kernel' expected a bool, got int"):
+            gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, 1)
+        with pytest.raises(TypeError, match="'scale' expected None or a positive float, got bool"):
+            gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), True, None, True)
+    assert len(served) == 4
+
+
+def test_calls_that_repeat_the_latest_step_build_no_key(gen, served, monkeypatch):
+    """A serving loop repeats one call's metadata on every layer and token: such a call is checked
+    against the op's latest step, with no key built and hashed; calls of two batch compositions in turn
+    each take their own step, and every answer is eager's."""
+    keys = []
+    step_key = dispatch._step_key
+    monkeypatch.setattr(dispatch, "_step_key", lambda *a: keys.append(compute_mode()) or step_key(*a))
+    pool = new_pool(gen)
+    expected_pool = pool.clone()
+    calls = []
+    with torch.no_grad():
+        with compute_mode_override("triton"):
+            for batch in (B, B, B, B, B - 1, B, B - 1, B - 1):
+                inputs = [t[:batch] for t in tokens(gen)]
+                indices = slots(gen)[:batch]
+                calls.append((inputs, indices, update(*inputs, pool, indices)))
+        with compute_mode_override("eager"):
+            for inputs, indices, o in calls:
+                assert rel_err(o, update(*inputs, expected_pool, indices)) <= 1e-5
+    assert rel_err(pool, expected_pool) <= 1e-5
+    # the first call resolves the op (no key: nothing decided yet), the second prepares the step; then
+    # the same composition builds no key, another one builds a key to prepare its step, then one to
+    # find it whenever the composition changes
+    assert keys.count("triton") == 1 + 4
+    assert len(served) == 3 + 8  # triton: resolved, two compositions prepared; eager has no step

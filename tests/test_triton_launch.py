@@ -181,6 +181,70 @@ def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_co
     assert len(tritons_path) == 2 and len(launching._binaries) == 2, "a refused launch neither runs nor stays"
 
 
+def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monkeypatch):
+    """PreparedLaunch (a decode step's launch, its arguments after the tensors fixed): Triton's path once
+    per class of tensors (dtype, 16-byte alignment), shared with `launch` under the same key; then the
+    launcher with the same arguments; the tensors' device made current where it is not."""
+    tritons_path, launched, entered = [], [], []
+
+    class Compiled:
+        src = SimpleNamespace(signature=dict.fromkeys(["x", "n", "BLOCK", "SHIFT"], "any"))
+        function, packed_metadata = "function", "metadata"
+
+        def run(self, *values):
+            launched.append(values)
+
+    class FakeJIT(_FakeKernel):
+        __name__ = "fake"
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                tritons_path.append((grid, args))
+                return Compiled()
+
+            return run
+
+    current = [0]
+
+    class Device:  # torch.cuda.device, on a host without one
+        def __init__(self, device):
+            self.index = device.index
+
+        def __enter__(self):
+            entered.append(self.index)
+            self.previous, current[0] = current[0], self.index
+
+        def __exit__(self, *exc):
+            current[0] = self.previous
+
+    kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
+    monkeypatch.setattr(launching, "direct_launches", lambda: True)
+    monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
+    monkeypatch.setattr(launching, "compiling_only", lambda: False)
+    monkeypatch.setattr(
+        launching, "_hook_source", lambda: SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+    )
+    monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
+    monkeypatch.setattr(launching, "_binaries", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", Device)
+    constants = launching.Constants(BLOCK=64, SHIFT=3, num_warps=4)
+    prepared = launching.PreparedLaunch(kernel, (2,), constants, (7,), torch.device("cuda", 0))
+    x = torch.empty(64)
+    classes = [x, x[4:], x[1:], x.to(torch.bfloat16), x[2:]]  # aligned twice, off by 4 and 8 bytes, bf16
+    for tensor in classes:
+        prepared(tensor)
+    assert [args[0] for _, args in tritons_path] == [classes[0], classes[2], classes[3], classes[4]]
+    assert all(grid == (2, 1, 1) and args[1] == 7 for grid, args in tritons_path)
+    assert len(launched) == 1 and launched[0][:9] == (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
+    assert launched[0][9] is classes[1] and launched[0][10:] == (7, 64, 3)
+    launching.launch(kernel, (2,), constants)(torch.empty(8), 7)  # launch's own path finds the binary
+    assert len(tritons_path) == 4 and len(launched) == 2
+    current[0] = 1  # another device is current: the tensors' is made current for the launch
+    prepared(x)
+    assert entered == [0] and current[0] == 1 and launched[-1][3] == "stream of 0" and len(tritons_path) == 4
+
+
 @pytest.mark.skipif(not CUDA, reason="direct launches run on a CUDA device only")
 def test_direct_launches_compute_what_tritons_launch_computes(gen):
     assert launching.direct_launches()
@@ -198,7 +262,7 @@ def test_direct_launches_compute_what_tritons_launch_computes(gen):
     constants = launching.Constants(BLOCK=256, SHIFT=3)
     for source, n, stride in cases:
         expected = (source[: (n - 1) * stride + 1 : stride].float() * 0.5 + 3).to(source.dtype)
-        for repeat in range(3):
+        for repeat in range(4):
             stream = side if repeat == 2 else torch.cuda.current_stream()
             grid = (triton.cdiv(n, 256),)
             with torch.cuda.stream(stream):
@@ -206,6 +270,8 @@ def test_direct_launches_compute_what_tritons_launch_computes(gen):
                 y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
                 if repeat == 1:  # the same binary, its keywords as one object
                     launching.launch(_axpb_kernel, grid, constants)(source, y, 0.5, n, stride)
+                elif repeat == 3:  # and prepared, the arguments after the tensors fixed
+                    launching.PreparedLaunch(_axpb_kernel, grid, constants, (0.5, n, stride), x.device)(source, y)
                 else:
                     launching.launch(_axpb_kernel, grid)(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
             torch.cuda.synchronize()

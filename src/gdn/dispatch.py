@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ import torch
 from gdn import _validate as check
 from gdn.calls import PREPARE, Call
 from gdn.resolve import Resolution, decided, for_call, guards_values, last_route, record_route, resolve
+from gdn.tensor_metadata import SameMetadata, metadata
 
 # the ops that may have a prepared step, and how many leading positional arguments are its tensors
 # (a call that passes one of them by keyword takes the full path)
@@ -29,20 +31,29 @@ STEP_TENSORS = {"fused_recurrent_gated_delta_rule_update": 7}  # q, k, v, g, bet
 # into the launch, so such a call takes the full path
 _OPTION_TYPES = (bool, int, float, type(None))
 MAX_STEPS = 64
-# _step_key -> (the resolution it was prepared under, the route, the step or None where the call has no
-# prepared step)
-_steps: dict[tuple, tuple[Resolution, str | None, Callable | None]] = {}
+
+
+@dataclass(frozen=True)
+class _Step:
+    """A prepared step (None where the call has none) and what a call must repeat to take it: its
+    tensors' metadata, its options (values and types: validation tells a flag from the integer 1), the
+    value-check mode and the resolver's decision (held, so its identity is not reused while the step
+    lives)."""
+
+    same: SameMetadata
+    options: tuple
+    mode: str
+    resolution: Resolution
+    route: str | None
+    run: Callable | None
+
+
+# _step_key -> the step of calls with that key
+_steps: dict[tuple, _Step] = {}
+# op -> its latest step taken or stored: a serving loop repeats one call's metadata on every layer and
+# token, and checking a call against it (SameMetadata) costs less than building and hashing its key
+_latest: dict[str, _Step] = {}
 _steps_lock = threading.Lock()  # for the writers; a hit reads without it
-
-
-def metadata(tensors: tuple) -> tuple:
-    """What a prepared step relies on of each tensor: type, shape, dtype, device, strides."""
-    return tuple(
-        [
-            (type(t), t.shape, t.dtype, t.device, t.stride()) if isinstance(t, torch.Tensor) else (type(t),)
-            for t in tensors
-        ]
-    )
 
 
 def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Callable]:
@@ -58,30 +69,52 @@ def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Ca
 def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     width = STEP_TENSORS.get(name)
     if width is not None and len(args) >= width:
-        key = _step_key(name, args, width, kwargs)
-        if key is not None:
-            entry = _steps.get(key)
-            tensors = args[:width]
-            # a stored step's key holds only tensors' metadata (a call whose arguments are not tensors
-            # fails validation before any step is stored)
-            if (
-                entry is not None
-                and entry[2] is not None
-                and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-            ):
-                record_route(entry[1])
-                return entry[2](*tensors)
-            return _prepare_step(name, key, args, kwargs)
+        tensors = args[:width]
+        step = _latest.get(name)
+        if step is None or not _repeats(step, name, tensors, args[width:], kwargs):
+            key = _step_key(name, args, width, kwargs)
+            if key is None:
+                step = None
+            else:
+                step = _steps.get(key)
+                if step is None:
+                    return _prepare_step(name, key, args, kwargs)
+                _latest[name] = step
+        # a stored step's metadata is of tensors (a call whose arguments are not tensors fails validation
+        # before any step is stored)
+        if (
+            step is not None
+            and step.run is not None
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        ):
+            record_route(step.route)
+            return step.run(*tensors)
     call, _, fn = serve(name, args, kwargs)
     return fn(call)
 
 
+def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
+    """A call's options as a step holds them: types, then values (a comparison meets a value only where
+    the types agree: no tensor is compared with a number), positional then by keyword."""
+    return (tuple(map(type, options)), tuple(map(type, kwargs.values())), options, tuple(kwargs.items()))
+
+
+def _repeats(step: _Step, name: str, tensors: tuple, options: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a call takes `step`: the same metadata, options, value-check mode and decision."""
+    return (
+        step.same(*tensors)
+        and _options(options, kwargs) == step.options
+        and check.value_check_mode() == step.mode
+        and decided(name, tensors[0].device) is step.resolution
+    )
+
+
 def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tuple | None:
     """The call's metadata, options, value-check mode and the resolver's decision (by identity: a
-    decision made again after a reset, a registration or under another mode is another object; an entry
-    holds its decision, so the identity is not reused while the entry lives); None for a call that
-    cannot take a prepared step, or before the op is resolved (the first call resolves it in its own
-    class, gdn.resolve)."""
+    decision made again after a reset, a registration or under another mode is another object; a step
+    holds its decision, so the identity is not reused while the step lives); None for a call that cannot
+    take a prepared step, or before the op is resolved (the first call resolves it in its own class,
+    gdn.resolve)."""
     options = args[width:]
     for value in options:
         if type(value) not in _OPTION_TYPES:
@@ -94,7 +127,7 @@ def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tup
     if resolution is None:
         return None
     tensors = metadata(args[:width])
-    return (name, tensors, options, tuple(kwargs.items()), check.value_check_mode(), id(resolution))
+    return (name, tensors, _options(options, kwargs), check.value_check_mode(), id(resolution))
 
 
 def prepared_step(name: str, call: Call, backend: str, fn: Callable) -> Callable | None:
@@ -112,9 +145,17 @@ def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) ->
     call, backend, fn = serve(name, args, kwargs)
     resolution = decided(name, call.device)
     if id(resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
-        entry = (resolution, last_route(), prepared_step(name, call, backend, fn))
+        step = _Step(
+            SameMetadata(args[: STEP_TENSORS[name]]),
+            key[2],
+            key[3],
+            resolution,
+            last_route(),
+            prepared_step(name, call, backend, fn),
+        )
         with _steps_lock:
             if len(_steps) >= MAX_STEPS:
                 del _steps[next(iter(_steps))]  # the oldest
-            _steps[key] = entry
+            _steps[key] = step
+            _latest[name] = step
     return fn(call)

@@ -17,8 +17,9 @@ from collections.abc import Callable
 import torch
 
 from gdn import ops
-from gdn.dispatch import metadata, prepared_step, serve
+from gdn.dispatch import prepared_step, serve
 from gdn.resolve import last_route, record_route
+from gdn.tensor_metadata import SameMetadata, metadata
 
 OP = "fused_recurrent_gated_delta_rule_update"
 # what a step takes, in its order; the pool and the options are the prepared call's
@@ -58,7 +59,7 @@ class PreparedPoolDecode:
         self.route: str = last_route() or backend
         self._pool = ssm_pool
         self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
-        self._metadata = metadata((q, k, v, g, beta, ssm_indices))
+        self._same = SameMetadata((q, k, v, g, beta, ssm_indices))
         self._step: Callable[..., torch.Tensor] | None = prepared_step(OP, call, backend, fn)
 
     def __call__(
@@ -71,9 +72,8 @@ class PreparedPoolDecode:
         ssm_indices: torch.Tensor,
     ) -> torch.Tensor:
         tensors = (q, k, v, g, beta, ssm_indices)
-        found = metadata(tensors)
-        if found != self._metadata:
-            self._refuse(found)
+        if not self._same(*tensors):
+            self._refuse(metadata(tensors))  # unless only what torch's guard reads besides differs
         if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
             return ops.fused_recurrent_gated_delta_rule_update(
                 q, k, v, g, beta, self._pool, ssm_indices, **self._options
@@ -81,8 +81,8 @@ class PreparedPoolDecode:
         record_route(self.route)
         return self._step(q, k, v, g, beta, self._pool, ssm_indices)
 
-    def _refuse(self, metadata: tuple) -> None:
-        for name, got, prepared in zip(STEP_ARGUMENTS, metadata, self._metadata, strict=True):
+    def _refuse(self, found: tuple) -> None:
+        for name, got, prepared in zip(STEP_ARGUMENTS, found, self._same.metadata, strict=True):
             if got == prepared:
                 continue
             if len(got) == 1:

@@ -54,9 +54,9 @@ import triton
 import triton.language as tl
 
 from gdn._validate import GdnShapes
-from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2, processors
+from gdn.backends.triton._common import cdiv, next_power_of_2, processors
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
-from gdn.backends.triton.launch import Constants, launch
+from gdn.backends.triton.launch import Constants, PreparedLaunch
 from gdn.calls import GdnCall, PoolDecodeCall
 
 L2NORM_EPS = tl.constexpr(1e-6)  # as the eager l2norm_fp32
@@ -558,14 +558,24 @@ def _launcher(
     grid, constants = _step(
         shapes.N, shapes.H, shapes.HV, shapes.K, shapes.V, sms, state_bytes, one_token, flags, _overrides()
     )
-    tail = (cu_seqlens, scale, shapes.T, shapes.N, pool_slots if flags[0] else 0, *state_strides)
+    tail = (scale, shapes.T, shapes.N, pool_slots if flags[0] else 0, *state_strides)
+    kernel = PreparedLaunch(_recurrent_kernel, grid, constants, tail, device)
 
-    def run(q, k, v, g, beta, slots, h0, ht) -> torch.Tensor:
-        # with cu_seqlens, rows that no (valid) sequence covers keep this NaN
-        o = torch.empty_like(v) if cu_seqlens is None else torch.full_like(v, float("nan"))
-        with device_guard(q):
-            launch(_recurrent_kernel, grid, constants)(q, k, v, g, beta, o, h0, ht, slots, *tail)
+    if cu_seqlens is None:
+
+        def run(q, k, v, g, beta, slots, h0, ht) -> torch.Tensor:
+            o = torch.empty_like(v)
+            kernel(q, k, v, g, beta, o, h0, ht, slots, None)
+            return o
+
+        return run
+
+    def packed_run(q, k, v, g, beta, slots, h0, ht) -> torch.Tensor:
+        o = torch.full_like(v, float("nan"))  # rows that no (valid) sequence covers keep NaN
+        kernel(q, k, v, g, beta, o, h0, ht, slots, cu_seqlens)
         return o
+
+    return packed_run
 
     return run
 

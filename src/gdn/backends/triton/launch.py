@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from gdn.backends.triton._common import flavour, is_interpreting
+from gdn.backends.triton._common import device_guard, flavour, is_interpreting
 from gdn.backends.triton.compile_ahead import compiling_only
 
 # "0" keeps every launch on Triton's own path (a switch for comparing the two, or for a Triton whose
@@ -41,6 +41,8 @@ from gdn.backends.triton.compile_ahead import compiling_only
 DIRECT_ENV = "GDN_TRITON_DIRECT_LAUNCH"
 # Distinct (kernel, device, specialization) entries kept; past it the table starts over.
 DIRECT_LIMIT = 4096
+# Binaries a prepared launch keeps under its tensors' alignments (a step sees a handful at most).
+_PREPARED_LIMIT = 16
 
 
 class Constants:
@@ -81,8 +83,10 @@ class _Binary:
         return (*values, *self.keyword_values) if self.keyword_values else values
 
     def run(self, device: int, grid: tuple[int, ...], args: tuple) -> None:
+        self.run_whole(device, whole_grid(grid), args)
+
+    def run_whole(self, device: int, whole: tuple[int, int, int], args: tuple) -> None:
         values = self.values(args)
-        whole = whole_grid(grid)
         if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
             self.compiled[whole](*values)
             return
@@ -129,6 +133,62 @@ def _jit_function() -> type:
     from triton.runtime.jit import JITFunction
 
     return JITFunction
+
+
+class PreparedLaunch:
+    """`launch(kernel, grid, constants)(*tensors, *tail)` for a launch that repeats with new tensors only
+    (a prepared decode step): `prepared(*tensors)`. Its binaries are `launch`'s (found under the key
+    `launch` builds); once one is found it is also kept here under what can still change from launch
+    to launch, each tensor's dtype and address modulo 16 (or None) and the current device, so a launch
+    builds and hashes a key of its tensors only. A launch makes the tensors' device current where it
+    is not (the binary was loaded there)."""
+
+    __slots__ = ("_direct", "_known", "_tail_key", "constants", "device", "grid", "kernel", "tail")
+
+    def __init__(
+        self, kernel: Any, grid: tuple[int, ...], constants: Constants, tail: tuple, device: torch.device
+    ) -> None:
+        self.kernel, self.constants, self.tail, self.device = kernel, constants, tail, device
+        self.grid = whole_grid(grid)
+        self._tail_key = _key(kernel, device.index, tail, constants.kwargs, constants)[3:]
+        self._known: dict[tuple, _Binary] = {}
+        self._direct = device.type == "cuda" and direct_launches() and type(kernel) is _jit_function()
+
+    def __call__(self, *tensors: torch.Tensor | None) -> None:
+        kernel, device = self.kernel, self.device
+        if not self._direct or compiling_only():
+            with device_guard(tensors[0]):
+                launch(kernel, self.grid, self.constants)(*tensors, *self.tail)
+            return
+        current = torch.cuda.current_device()
+        if current != device.index:
+            with torch.cuda.device(device):
+                self(*tensors)
+            return
+        key: list[Any] = []
+        append = key.append
+        for t in tensors:  # unambiguous: None, or a dtype and then an integer
+            if t is None:
+                append(None)
+            else:
+                append(t.dtype)
+                append(t.data_ptr() % 16)
+        append(current)
+        found = tuple(key)
+        binary = self._known.get(found)
+        if binary is not None:
+            binary.run_whole(current, self.grid, (*tensors, *self.tail))
+            return
+        args = (*tensors, *self.tail)
+        full = (kernel, current, self.constants, *_key(kernel, current, tensors, {})[2:], *self._tail_key)
+        binary = _binaries.get(full)
+        if binary is None:
+            _launch_keyed(kernel, self.grid, args, self.constants.kwargs, self.constants)
+            binary = _binaries.get(full)
+        else:
+            binary.run_whole(current, self.grid, args)
+        if binary is not None and len(self._known) < _PREPARED_LIMIT:
+            self._known[found] = binary
 
 
 def _launch(kernel: Any, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
