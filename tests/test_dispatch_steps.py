@@ -178,3 +178,21 @@ def test_calls_that_repeat_the_latest_step_build_no_key(gen, served, monkeypatch
     # find it whenever the composition changes
     assert keys.count("triton") == 1 + 4
     assert len(served) == 3 + 8  # triton: resolved, two compositions prepared; eager has no step
+
+
+def test_a_compiled_decode_loop_takes_the_prepared_step(gen, served):
+    """Inside torch.compile the pool update is a custom op; when it runs, its repeated calls take the
+    prepared step as eager ones do, and give eager's answer."""
+    pool = new_pool(gen)
+    expected_pool = pool.clone()
+    compiled = torch.compile(update, backend="eager", fullgraph=True)
+    with torch.no_grad():
+        for _ in range(4):
+            inputs, indices = tokens(gen), slots(gen)
+            with compute_mode_override("triton"):
+                o = compiled(*inputs, pool, indices)
+            with compute_mode_override("eager"):
+                expected = update(*inputs, expected_pool, indices)
+            assert rel_err(o, expected) <= 1e-5 and rel_err(pool, expected_pool) <= 1e-5
+    triton_calls = len(served) - 4  # the eager calls have no step
+    assert triton_calls == 2, "resolved, then prepared; the rest are steps"

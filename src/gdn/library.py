@@ -24,7 +24,7 @@ import torch
 
 from gdn import _validate as check
 from gdn.calls import PREPARE, positional_names
-from gdn.dispatch import run_op
+from gdn.dispatch import STEP_TENSORS, run_op
 
 NAMESPACE = "gdn"
 
@@ -222,8 +222,13 @@ BY_NAME = {op.name: op for op in OPS}
 
 
 def _forward(op: LibraryOp) -> Callable:
+    # the leading tensors of an op with prepared steps go by position, the way its steps take them
+    # (gdn.dispatch), so that a compiled decode loop's calls run the prepared step as eager ones do
+    width = STEP_TENSORS.get(op.public, 0)
+
     def impl(*args):
-        return _as_outputs(run_op(op.public, (), dict(zip(op.names, args, strict=True))), op.outputs)
+        options = dict(zip(op.names[width:], args[width:], strict=True))
+        return _as_outputs(run_op(op.public, args[:width], options), op.outputs)
 
     return impl
 
