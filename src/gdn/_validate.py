@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
+
+from gdn import env_vars
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -51,7 +52,7 @@ _pending: ContextVar[list[PendingCheck] | None] = ContextVar("gdn_pending_value_
 
 def value_check_mode() -> str:
     """GDN_VALUE_CHECKS: "auto" (default), "1" (always) or "0" (never); anything else is an error."""
-    mode = os.environ.get("GDN_VALUE_CHECKS", "auto")
+    mode = env_vars.read("GDN_VALUE_CHECKS", "auto")
     if mode not in VALUE_CHECK_MODES:
         raise ValueError(f"GDN_VALUE_CHECKS: expected one of {list(VALUE_CHECK_MODES)}, got {mode!r}")
     return mode

@@ -19,7 +19,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,6 +27,7 @@ from typing import Any
 
 import torch
 
+from gdn import env_vars
 from gdn.backends.base import Backend
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
@@ -168,7 +168,7 @@ def compute_mode() -> str:
         return _check_mode(scoped, "compute_mode_override (the backend it named was unregistered)")
     if _mode_override is not None:
         return _check_mode(_mode_override, "set_compute_mode (the backend it named was unregistered)")
-    return _check_mode(os.environ.get(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")
+    return _check_mode(env_vars.read(MODE_ENV, AUTO) or AUTO, f"environment variable {MODE_ENV}")
 
 
 def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
