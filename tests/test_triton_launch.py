@@ -129,39 +129,50 @@ def test_a_signature_that_needs_an_argument_the_call_did_not_pass_keeps_tritons_
     assert launching._binary(kernel, compiled, ("X", 3), {}) is None
 
 
+class _DirectPath:
+    """A stand-in JITFunction on the direct launch path, on the host: `tritons_path` records each launch
+    through Triton's own path (grid, args, kwargs), `launched` each launch through a binary's launcher;
+    the current device is `current[0]`."""
+
+    def __init__(self, monkeypatch):
+        self.tritons_path, self.launched, self.current = [], [], [0]
+        record = self
+
+        class Compiled:
+            src = SimpleNamespace(signature=dict.fromkeys(["x", "n", "BLOCK", "SHIFT"], "any"))
+            function, packed_metadata = "function", "metadata"
+
+            def run(self, *values):
+                record.launched.append(values)
+
+        class FakeJIT(_FakeKernel):
+            __name__ = "fake"
+
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    record.tritons_path.append((grid, args, kwargs))
+                    return Compiled()
+
+                return run
+
+        self.kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
+        hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+        monkeypatch.setattr(launching, "direct_launches", lambda: True)
+        monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
+        monkeypatch.setattr(launching, "compiling_only", lambda: False)
+        monkeypatch.setattr(launching, "_hook_source", lambda: hooks)
+        monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
+        monkeypatch.setattr(launching, "_binaries", {})
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current[0])
+
+
 @pytest.mark.parametrize("with_constants", [False, True], ids=["keywords", "constants"])
 def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_constants, monkeypatch):
     """The whole direct path on the host, with a stand-in for a JITFunction: Triton's path once per key,
     then the binary's launcher with the same arguments in its order, whether the keyword arguments come
     one by one or as Constants."""
-    tritons_path, launched = [], []
-
-    class Compiled:
-        src = SimpleNamespace(signature=dict.fromkeys(["x", "n", "BLOCK", "SHIFT"], "any"))
-        function, packed_metadata = "function", "metadata"
-
-        def run(self, *values):
-            launched.append(values)
-
-    class FakeJIT(_FakeKernel):
-        __name__ = "fake"
-
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                tritons_path.append((grid, args, kwargs))
-                return Compiled()
-
-            return run
-
-    kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
-    hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    monkeypatch.setattr(launching, "direct_launches", lambda: True)
-    monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
-    monkeypatch.setattr(launching, "compiling_only", lambda: False)
-    monkeypatch.setattr(launching, "_hook_source", lambda: hooks)
-    monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
-    monkeypatch.setattr(launching, "_binaries", {})
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    direct = _DirectPath(monkeypatch)
+    kernel, tritons_path, launched = direct.kernel, direct.tritons_path, direct.launched
     x = torch.empty(8)
     keywords = {"BLOCK": 64, "SHIFT": 3, "num_warps": 4}
     constants = launching.Constants(**keywords)
@@ -185,26 +196,9 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
     """PreparedLaunch (a decode step's launch, its arguments after the tensors fixed): Triton's path once
     per class of tensors (dtype, 16-byte alignment), shared with `launch` under the same key; then the
     launcher with the same arguments; the tensors' device made current where it is not."""
-    tritons_path, launched, entered = [], [], []
-
-    class Compiled:
-        src = SimpleNamespace(signature=dict.fromkeys(["x", "n", "BLOCK", "SHIFT"], "any"))
-        function, packed_metadata = "function", "metadata"
-
-        def run(self, *values):
-            launched.append(values)
-
-    class FakeJIT(_FakeKernel):
-        __name__ = "fake"
-
-        def __getitem__(self, grid):
-            def run(*args, **kwargs):
-                tritons_path.append((grid, args))
-                return Compiled()
-
-            return run
-
-    current = [0]
+    direct = _DirectPath(monkeypatch)
+    kernel, tritons_path, launched, current = direct.kernel, direct.tritons_path, direct.launched, direct.current
+    entered = []
 
     class Device:  # torch.cuda.device, on a host without one
         def __init__(self, device):
@@ -217,16 +211,6 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
         def __exit__(self, *exc):
             current[0] = self.previous
 
-    kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
-    monkeypatch.setattr(launching, "direct_launches", lambda: True)
-    monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
-    monkeypatch.setattr(launching, "compiling_only", lambda: False)
-    monkeypatch.setattr(
-        launching, "_hook_source", lambda: SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
-    )
-    monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
-    monkeypatch.setattr(launching, "_binaries", {})
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
     monkeypatch.setattr(torch.cuda, "device", Device)
     constants = launching.Constants(BLOCK=64, SHIFT=3, num_warps=4)
     prepared = launching.PreparedLaunch(kernel, (2,), constants, (7,), torch.device("cuda", 0))
@@ -234,8 +218,8 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
     classes = [x, x[4:], x[1:], x.to(torch.bfloat16), x[2:]]  # aligned twice, off by 4 and 8 bytes, bf16
     for tensor in classes:
         prepared(tensor)
-    assert [args[0] for _, args in tritons_path] == [classes[0], classes[2], classes[3], classes[4]]
-    assert all(grid == (2, 1, 1) and args[1] == 7 for grid, args in tritons_path)
+    assert [args[0] for _, args, _ in tritons_path] == [classes[0], classes[2], classes[3], classes[4]]
+    assert all(grid == (2, 1, 1) and args[1] == 7 for grid, args, _ in tritons_path)
     assert len(launched) == 1 and launched[0][:9] == (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
     assert launched[0][9] is classes[1] and launched[0][10:] == (7, 64, 3)
     launching.launch(kernel, (2,), constants)(torch.empty(8), 7)  # launch's own path finds the binary

@@ -577,8 +577,6 @@ def _launcher(
 
     return packed_run
 
-    return run
-
 
 def fused_recurrent_gated_delta_rule(call: GdnCall):
     """The `fused_recurrent_gated_delta_rule` op of the triton backend (forward only). Returns
