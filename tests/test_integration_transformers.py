@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import types
 
 import pytest
 import torch
@@ -239,11 +240,59 @@ def test_a_gdn_layer_of_unknown_shape_is_refused_and_nothing_is_patched(monkeypa
 
     untouched = snapshot()
     monkeypatch.setattr(modeling_qwen3_next.Qwen3NextGatedDeltaNet, "forward", lambda self, x: x)
-    with pytest.raises(gdn_transformers.UnsupportedTransformersError, match=r"Qwen3NextGatedDeltaNet\.forward calls"):
+    with pytest.raises(gdn_transformers.UnsupportedTransformersError, match=r"Qwen3NextGatedDeltaNet\.forward reaches"):
         gdn_transformers.patch()
     assert not gdn_transformers.is_patched()
     changed = {key for key, value in snapshot().items() if value is not untouched[key]}
     assert changed == {("Qwen3NextGatedDeltaNet", "forward")}  # only the test's own replacement
+
+
+# A modeling module shaped like transformers 5.25's with the `kernels` package installed: the kernels
+# are module functions turned into `nn.Module` instances by the hub-kernel decorator, and `forward`
+# reaches the conv ones only through a module-level helper.
+_HELPER_REACHED_MODELING = """
+import torch
+
+def _as_module(func):
+    class Func(torch.nn.Module):
+        def forward(self, *args, **kwargs):
+            return func(*args, **kwargs)
+    return Func()
+
+def _kernel(*args, **kwargs):
+    return args[0]
+
+torch_chunk_gated_delta_rule = _as_module(_kernel)
+torch_recurrent_gated_delta_rule = _as_module(_kernel)
+causal_conv1d_fn = _as_module(_kernel)
+causal_conv1d_update = _as_module(_kernel)
+
+def _conv_forward(x, state):
+    if state is not None:
+        return causal_conv1d_update(x, state)
+    return causal_conv1d_fn(x)
+
+causal_conv1d_forward = _as_module(_conv_forward)
+
+class Layer(torch.nn.Module):
+    def forward(self, x, state=None):
+        x = causal_conv1d_forward(x, state)
+        if state is not None:
+            return torch_recurrent_gated_delta_rule(x)
+        return torch_chunk_gated_delta_rule(x)
+"""
+
+
+def test_kernels_reached_through_a_module_helper_are_module_functions():
+    modeling = types.ModuleType("gdn_test_modeling")
+    exec(compile(_HELPER_REACHED_MODELING, "<gdn_test_modeling>", "exec"), vars(modeling))
+    assert gdn_transformers._api_of(modeling.Layer, modeling, "test") == gdn_transformers.API_FUNCTIONS
+    # A helper of another module does not count: the patch could not reach its kernels.
+    foreign = types.ModuleType("gdn_test_foreign")
+    exec(compile(_HELPER_REACHED_MODELING, "<gdn_test_foreign>", "exec"), vars(foreign))
+    modeling.causal_conv1d_forward = foreign.causal_conv1d_forward
+    with pytest.raises(gdn_transformers.UnsupportedTransformersError, match=r"Layer\.forward reaches neither"):
+        gdn_transformers._api_of(modeling.Layer, modeling, "test")
 
 
 def test_unpatch_refuses_to_drop_a_later_replacement(monkeypatch):

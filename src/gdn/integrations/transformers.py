@@ -13,7 +13,10 @@ from its code rather than from a version table:
   instance dict, so models built before the patch are served too, and `__init__`'s assignments
   during the patch land in the instance dict, where they are found again after `unpatch`.
 - from 5.15 `forward` calls module-level functions (`torch_chunk_gated_delta_rule`, ...): the patch
-  replaces those names in the modeling module, which `forward` looks up on every call.
+  replaces those names in the modeling module, which `forward` looks up on every call. From 5.25 it
+  reaches the conv ones through another module function (`causal_conv1d_forward`, which also keeps
+  the conv state in the cache) that looks them up in the same namespace; with the `kernels` package
+  installed these are `nn.Module` instances wrapping the functions, and the detection looks inside.
 
 In both, the class's `forward` is wrapped to tell the ops which module instance is calling (for the
 record) and the packed-sequence offsets `cu_seq_lens_q` it was given: transformers hands them to the
@@ -272,8 +275,8 @@ def _code_words(fn: Callable) -> set[str]:
     names: set[str] = set()
     pending, seen = [fn], set()
     while pending:
-        f = pending.pop()
-        if id(f) in seen or not inspect.isfunction(f):
+        f = _function_of(pending.pop())
+        if f is None or id(f) in seen:
             continue
         seen.add(id(f))
         names.update(f.__code__.co_names)
@@ -281,6 +284,18 @@ def _code_words(fn: Callable) -> set[str]:
         pending.extend(cell.cell_contents for cell in f.__closure__ or () if _has_contents(cell))
         pending.extend(w for w in (getattr(f, "__wrapped__", None),) if w is not None)
     return names
+
+
+def _function_of(obj: Any) -> Any:
+    """The Python function that runs when `obj` is called, or None. With the `kernels` package
+    installed, transformers' hub-kernel decorators turn module functions into `nn.Module` instances
+    whose `forward` closes over the original function."""
+    if inspect.isfunction(obj):
+        return obj
+    if inspect.ismethod(obj):
+        return obj.__func__
+    call = getattr(type(obj), "forward" if isinstance(obj, torch.nn.Module) else "__call__", None)
+    return call if inspect.isfunction(call) else None
 
 
 def _has_contents(cell: Any) -> bool:
@@ -291,8 +306,29 @@ def _has_contents(cell: Any) -> bool:
     return True
 
 
+def _reached_words(fn: Callable, modeling: ModuleType) -> set[str]:
+    """`_code_words` of `fn` and of every function of `modeling` it names, transitively: from 5.25
+    `forward` reaches the conv kernels through a module-level helper (`causal_conv1d_forward`), which
+    looks them up in the same module namespace the patch replaces them in."""
+    words: set[str] = set()
+    pending, seen = [fn], set()
+    while pending:
+        f = pending.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        found = _code_words(f)
+        words |= found
+        pending.extend(g for g in (vars(modeling).get(n) for n in found) if _defined_in(g, modeling))
+    return words
+
+
+def _defined_in(fn: Any, modeling: ModuleType) -> bool:
+    return callable(fn) and not isinstance(fn, type) and getattr(fn, "__module__", None) == modeling.__name__
+
+
 def _api_of(cls: type, modeling: ModuleType, version: str) -> str:
-    forward_names = _code_words(cls.forward)
+    forward_names = _reached_words(cls.forward, modeling)
     attributes = [names[0] for names in KERNELS.values()]
     functions = [names[1] for names in KERNELS.values()]
     if set(functions) <= forward_names and all(callable(getattr(modeling, n, None)) for n in functions):
@@ -300,7 +336,7 @@ def _api_of(cls: type, modeling: ModuleType, version: str) -> str:
     if set(attributes) <= forward_names & _code_words(cls.__init__):
         return API_ATTRIBUTES
     raise UnsupportedTransformersError(
-        f"gdn.integrations.transformers: transformers {version}: {cls.__name__}.forward calls neither the "
+        f"gdn.integrations.transformers: transformers {version}: {cls.__name__}.forward reaches neither the "
         f"module functions {functions} nor the instance attributes {attributes}; gdn does not know how to "
         "patch this version's GDN layer"
     )
