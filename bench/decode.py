@@ -120,10 +120,12 @@ def back_to_back_ms(fn, calls: int = 2000) -> float:
     return (time.perf_counter() - start) / calls * 1e3
 
 
-def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
+def launch_floor_ms(inputs, pool, indices) -> tuple[float, float, float]:
     """Back to back, the decode kernel's known binary launched (a) as gdn.backends.triton.launch does
-    once the key is built (stream lookup, hooks read, launcher) and (b) by its launcher alone with
-    every argument prepared: the least host time any Python caller of this kernel pays on this host."""
+    once the key is built (stream lookup, hooks read, launcher, tensors passed as their addresses),
+    (b) by its launcher alone with every argument prepared, and (c) the same with the tensors
+    themselves, whose pointers the launcher then reads and checks with the driver one by one: (b) is
+    the least host time any Python caller of this kernel pays on this host."""
     captured = []
     original = launching._Binary.run_whole
 
@@ -137,13 +139,19 @@ def launch_floor_ms(inputs, pool, indices) -> tuple[float, float]:
             ours(inputs, pool, indices)()
     finally:
         launching._Binary.run_whole = original
-    binary, (device, whole, args) = captured[-1]
-    values, stream = binary.values(args), binary.stream(device)
+    binary, (device, whole, args, addresses) = captured[-1]
+    stream = binary.stream(device)
 
-    def launcher_alone():
-        binary.launcher(*whole, stream, binary.function, binary.packed_metadata, None, None, None, *values)
+    def launcher_alone(values):
+        return lambda: binary.launcher(
+            *whole, stream, binary.function, binary.packed_metadata, None, None, None, *values
+        )
 
-    return back_to_back_ms(lambda: binary.run_whole(device, whole, args)), back_to_back_ms(launcher_alone)
+    return (
+        back_to_back_ms(lambda: binary.run_whole(device, whole, args, addresses)),
+        back_to_back_ms(launcher_alone(binary.values(addresses))),
+        back_to_back_ms(launcher_alone(binary.values(args))),
+    )
 
 
 @contextlib.contextmanager
@@ -260,7 +268,7 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
     with tritons_launch_path():
         public_jit_ms = back_to_back_ms(public(inputs, pool, indices))
         kernel_jit_ms = back_to_back_ms(ours(inputs, pool, indices))
-    binary_ms, launcher_ms = launch_floor_ms(inputs, pool, indices)
+    binary_ms, launcher_ms, launcher_tensors_ms = launch_floor_ms(inputs, pool, indices)
     rows = [
         {**row(B, "gdn", "public call", public_ms, state_bytes, ceiling), "of_kernel": f"{kernel_ms / public_ms:.0%}"},
         {
@@ -282,6 +290,14 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
         row(B, "gdn-triton", "kernel, back to back, Triton's launch path", kernel_jit_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "its binary, back to back, arguments prepared", binary_ms, state_bytes, ceiling),
         row(B, "gdn-triton", "its binary's launcher alone, back to back", launcher_ms, state_bytes, ceiling),
+        row(
+            B,
+            "gdn-triton",
+            "its binary's launcher alone, back to back, given tensors",
+            launcher_tensors_ms,
+            state_bytes,
+            ceiling,
+        ),
     ]
     for knobs in SWEEP if sweep else []:
         decode.OVERRIDES.update(knobs)

@@ -131,11 +131,12 @@ def test_a_signature_that_needs_an_argument_the_call_did_not_pass_keeps_tritons_
 
 class _DirectPath:
     """A stand-in JITFunction on the direct launch path, on the host: `tritons_path` records each launch
-    through Triton's own path (grid, args, kwargs), `launched` each launch through a binary's launcher;
-    the current device is `current[0]`."""
+    through Triton's own path (grid, args, kwargs), `launched` each launch through a binary's launcher,
+    `hooked` each through a binary's own launch (grid, values), which runs a profiler's hooks (set
+    them on `hooks`); the current device is `current[0]`."""
 
     def __init__(self, monkeypatch):
-        self.tritons_path, self.launched, self.current = [], [], [0]
+        self.tritons_path, self.launched, self.hooked, self.current = [], [], [], [0]
         record = self
 
         class Compiled:
@@ -144,6 +145,9 @@ class _DirectPath:
 
             def run(self, *values):
                 record.launched.append(values)
+
+            def __getitem__(self, grid):
+                return lambda *values: record.hooked.append((grid, values))
 
         class FakeJIT(_FakeKernel):
             __name__ = "fake"
@@ -156,11 +160,11 @@ class _DirectPath:
                 return run
 
         self.kernel = FakeJIT(["x", "n", "BLOCK", "SHIFT"], {"BLOCK", "SHIFT"})
-        hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
+        self.hooks = SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)
         monkeypatch.setattr(launching, "direct_launches", lambda: True)
         monkeypatch.setattr(launching, "_jit_function", lambda: FakeJIT)
         monkeypatch.setattr(launching, "compiling_only", lambda: False)
-        monkeypatch.setattr(launching, "_hook_source", lambda: hooks)
+        monkeypatch.setattr(launching, "_hook_source", lambda: self.hooks)
         monkeypatch.setattr(launching, "_stream_getter", lambda: lambda device: f"stream of {device}")
         monkeypatch.setattr(launching, "_binaries", {})
         monkeypatch.setattr(torch.cuda, "current_device", lambda: self.current[0])
@@ -195,7 +199,9 @@ def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_co
 def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monkeypatch):
     """PreparedLaunch (a decode step's launch, its arguments after the tensors fixed): Triton's path once
     per class of tensors (dtype, 16-byte alignment), shared with `launch` under the same key; then the
-    launcher with the same arguments; the tensors' device made current where it is not."""
+    launcher with the same arguments, each tensor as its address (an integer, which Triton's launcher
+    takes as the pointer without asking the driver), a launch hook with the tensors themselves; the
+    tensors' device made current where it is not."""
     direct = _DirectPath(monkeypatch)
     kernel, tritons_path, launched, current = direct.kernel, direct.tritons_path, direct.launched, direct.current
     entered = []
@@ -221,7 +227,12 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
     assert [args[0] for _, args, _ in tritons_path] == [classes[0], classes[2], classes[3], classes[4]]
     assert all(grid == (2, 1, 1) and args[1] == 7 for grid, args, _ in tritons_path)
     assert len(launched) == 1 and launched[0][:9] == (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
-    assert launched[0][9] is classes[1] and launched[0][10:] == (7, 64, 3)
+    assert type(launched[0][9]) is int and launched[0][9] == classes[1].data_ptr() and launched[0][10:] == (7, 64, 3)
+    direct.hooks.launch_enter_hook = print  # a profiler's hook: the binary's own launch, given the tensors
+    prepared(classes[1])
+    assert len(launched) == 1 and direct.hooked == [((2, 1, 1), (classes[1], 7, 64, 3))]
+    assert direct.hooked[0][1][0] is classes[1]
+    direct.hooks.launch_enter_hook = None
     launching.launch(kernel, (2,), constants)(torch.empty(8), 7)  # launch's own path finds the binary
     assert len(tritons_path) == 4 and len(launched) == 2
     current[0] = 1  # another device is current: the tensors' is made current for the launch
@@ -246,20 +257,24 @@ def test_direct_launches_compute_what_tritons_launch_computes(gen):
     constants = launching.Constants(BLOCK=256, SHIFT=3)
     for source, n, stride in cases:
         expected = (source[: (n - 1) * stride + 1 : stride].float() * 0.5 + 3).to(source.dtype)
-        for repeat in range(4):
+        grid = (triton.cdiv(n, 256),)
+        # prepared, the arguments after the tensors fixed: found under launch's key, then known to it
+        # (its launcher given the tensors' addresses)
+        prepared = launching.PreparedLaunch(_axpb_kernel, grid, constants, (0.5, n, stride), x.device)
+        for repeat in range(5):
             stream = side if repeat == 2 else torch.cuda.current_stream()
-            grid = (triton.cdiv(n, 256),)
             with torch.cuda.stream(stream):
                 # filled on the stream the kernel runs on: a fill on another stream could land after it
                 y = torch.full((n,), float("nan"), device="cuda", dtype=source.dtype)
                 if repeat == 1:  # the same binary, its keywords as one object
                     launching.launch(_axpb_kernel, grid, constants)(source, y, 0.5, n, stride)
-                elif repeat == 3:  # and prepared, the arguments after the tensors fixed
-                    launching.PreparedLaunch(_axpb_kernel, grid, constants, (0.5, n, stride), x.device)(source, y)
+                elif repeat >= 3:
+                    prepared(source, y)
                 else:
                     launching.launch(_axpb_kernel, grid)(source, y, 0.5, n, stride, BLOCK=256, SHIFT=3)
             torch.cuda.synchronize()
             torch.testing.assert_close(y, expected, rtol=0, atol=0)
+        assert prepared._known, "the last launch took the prepared launch's own path"
     keys = [k for k in launching._binaries if k[0] is _axpb_kernel]
     assert len(keys) == 2 * len(cases), "each class of arguments, keywords or Constants, has a binary of its own"
     assert all(launching._binaries[k] is not None for k in keys)

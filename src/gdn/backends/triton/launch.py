@@ -85,11 +85,14 @@ class _Binary:
     def run(self, device: int, grid: tuple[int, ...], args: tuple) -> None:
         self.run_whole(device, whole_grid(grid), args)
 
-    def run_whole(self, device: int, whole: tuple[int, int, int], args: tuple) -> None:
-        values = self.values(args)
+    def run_whole(self, device: int, whole: tuple[int, int, int], args: tuple, addresses: tuple | None = None) -> None:
+        """Launch on `device` with the grid in three dimensions. `addresses`: `args` with each tensor
+        replaced by its address (None for None), where the caller knows every tensor is on `device`;
+        the launcher then reads no tensor (see PreparedLaunch). A launch hook gets the tensors."""
         if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
-            self.compiled[whole](*values)
+            self.compiled[whole](*self.values(args))
             return
+        values = self.values(args if addresses is None else addresses)
         self.launcher(*whole, self.stream(device), self.function, self.packed_metadata, None, None, None, *values)
 
 
@@ -141,7 +144,13 @@ class PreparedLaunch:
     `launch` builds); once one is found it is also kept here under what can still change from launch
     to launch, each tensor's dtype and address modulo 16 (or None) and the current device, so a launch
     builds and hashes a key of its tensors only. A launch makes the tensors' device current where it
-    is not (the binary was loaded there)."""
+    is not (the binary was loaded there).
+
+    The tensors must be on `device` (the callers check that before the first launch and through the
+    tensors' guard after it), so a known binary's launcher gets their addresses as integers: Triton's
+    launcher takes an integer as the pointer itself, where for a tensor it calls `data_ptr()` and asks
+    the driver whether the pointer is one the device can reach (cuPointerGetAttribute), once per
+    pointer argument and launch."""
 
     __slots__ = ("_direct", "_known", "_tail_key", "constants", "device", "grid", "kernel", "tail")
 
@@ -167,17 +176,23 @@ class PreparedLaunch:
             return
         key: list[Any] = []
         append = key.append
+        addresses: list[int | None] = []
+        address_of = addresses.append
         for t in tensors:  # unambiguous: None, or a dtype and then an integer
             if t is None:
                 append(None)
+                address_of(None)
             else:
+                address = t.data_ptr()
                 append(t.dtype)
-                append(t.data_ptr() % 16)
+                append(address % 16)
+                address_of(address)
         append(current)
         found = tuple(key)
         binary = self._known.get(found)
         if binary is not None:
-            binary.run_whole(current, self.grid, (*tensors, *self.tail))
+            tail = self.tail
+            binary.run_whole(current, self.grid, (*tensors, *tail), (*addresses, *tail))
             return
         args = (*tensors, *self.tail)
         full = (kernel, current, self.constants, *_key(kernel, current, tensors, {})[2:], *self._tail_key)
