@@ -60,7 +60,8 @@ def _config(kind: str):
 
 # Where transformers' GDN layers find their kernels: fla's and causal-conv1d's functions imported into
 # the modeling module (up to 5.14, None when absent), or transformers' torch functions wrapped to call
-# those packages when they import (5.15 on).
+# those packages when they import (5.15 on; from 5.25 for inputs on a device the package serves, and
+# with the wrapper held in an `nn.Module` where the `kernels` package is installed).
 KERNEL_NAMES = (
     "chunk_gated_delta_rule",
     "fused_recurrent_gated_delta_rule",
@@ -94,7 +95,7 @@ def transformers_torch_code() -> Iterator[None]:
             if getattr(found, "__module__", "").split(".")[0] in EXTERNAL_PACKAGES:
                 replacement = None
             else:
-                replacement = inspect.unwrap(found)
+                replacement = _torch_function(found)
             if replacement is not found:
                 saved.append((modeling, name, found))
                 setattr(modeling, name, replacement)
@@ -103,6 +104,20 @@ def transformers_torch_code() -> Iterator[None]:
     finally:
         for modeling, name, found in reversed(saved):
             setattr(modeling, name, found)
+
+
+def _torch_function(found: object) -> object:
+    """transformers' own function behind `found`: through functools' wrappers (`__wrapped__`, what the
+    fallback to fla wraps) and, with the `kernels` package installed (5.25 depends on it), through the
+    `nn.Module` it makes of a hub-kernel function, whose `forward` closes over the function."""
+    found = inspect.unwrap(found)
+    while isinstance(found, torch.nn.Module):
+        forward = type(found).forward
+        held = [cell.cell_contents for cell in forward.__closure__ or () if inspect.isfunction(cell.cell_contents)]
+        if len(held) != 1:
+            raise RuntimeError(f"grpo.models: cannot find the function {found!r} stands for ({len(held)} candidates)")
+        found = inspect.unwrap(held[0])
+    return found
 
 
 def build(kind: str, seed: int, device: torch.device) -> torch.nn.Module:
