@@ -7,7 +7,6 @@ Usage: PYTHONPATH=src:. python -m bench.eager [--profile]
 
 from __future__ import annotations
 
-import inspect
 import sys
 
 import torch
@@ -21,8 +20,10 @@ SHAPES = [(1, 8192, 16, 32, 128)]
 def transformers_reference():
     from transformers.models.qwen3_5 import modeling_qwen3_5
 
+    from gdn.integrations.transformers import torch_function
+
     # transformers routes to fla when it is importable; unwrap to time its own torch code.
-    return inspect.unwrap(modeling_qwen3_5.torch_chunk_gated_delta_rule)
+    return torch_function(modeling_qwen3_5.torch_chunk_gated_delta_rule)
 
 
 def grouped(q, k, v):

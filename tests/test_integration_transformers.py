@@ -5,6 +5,7 @@ mode, and refuses what it cannot patch."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import types
@@ -293,6 +294,37 @@ def test_kernels_reached_through_a_module_helper_are_module_functions():
     modeling.causal_conv1d_forward = foreign.causal_conv1d_forward
     with pytest.raises(gdn_transformers.UnsupportedTransformersError, match=r"Layer\.forward reaches neither"):
         gdn_transformers._api_of(modeling.Layer, modeling, "test")
+
+
+def test_torch_function_sees_through_the_fallback_and_the_kernels_module():
+    """What transformers' modeling module holds under a kernel's name, from 5.25 with `kernels`
+    installed: an nn.Module whose forward calls a functools wrapper (the fallback to fla) of the torch
+    function. `torch_function` finds that function; a module it cannot read is an error, not a guess."""
+
+    def torch_code(x):
+        return x
+
+    @functools.wraps(torch_code)
+    def fallback(*args, **kwargs):
+        raise AssertionError("the fallback handed the work to a kernel package")
+
+    def as_module(func):
+        class Func(torch.nn.Module):
+            def forward(self, *args, **kwargs):
+                return func(*args, **kwargs)
+
+        return Func()
+
+    assert gdn_transformers.torch_function(as_module(fallback)) is torch_code
+    assert gdn_transformers.torch_function(fallback) is torch_code
+    assert gdn_transformers.torch_function(torch_code) is torch_code
+
+    class Two(torch.nn.Module):
+        def forward(self, x):
+            return torch_code(fallback(x))
+
+    with pytest.raises(gdn_transformers.UnsupportedTransformersError, match="2 candidates"):
+        gdn_transformers.torch_function(Two())
 
 
 def test_unpatch_refuses_to_drop_a_later_replacement(monkeypatch):

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import gdn
+from gdn.integrations.transformers import torch_function
 from reference import rel_err
 
 transformers = pytest.importorskip("transformers", reason="transformers is the oracle of this module")
@@ -24,12 +25,13 @@ MODELING = ["qwen3_5", "qwen3_next"]
 TORCH_FALLBACKS = {"causal_conv1d_update": "torch_causal_conv1d_update"}
 
 
-def torch_function(model: str, name: str):
+def reference_of(model: str, name: str):
+    """transformers' own torch function `name` of `model`'s modeling module (skips where there is none)."""
     module = pytest.importorskip(f"transformers.models.{model}.modeling_{model}")
     if not hasattr(module, name):
         pytest.skip(f"transformers {transformers.__version__} has no {model}.{name}")
     fn = getattr(module, name)
-    if fn is None or inspect.unwrap(fn).__module__ != module.__name__:  # not transformers' torch code
+    if fn is None or torch_function(fn).__module__ != module.__name__:  # not transformers' torch code
         fallback = TORCH_FALLBACKS.get(name)
         if fallback is None or not hasattr(module, fallback):
             pytest.skip(
@@ -38,7 +40,11 @@ def torch_function(model: str, name: str):
                 "fallback is inline code, not a function to compare with"
             )
         fn = getattr(module, fallback)
-    return inspect.unwrap(fn)
+    reference = torch_function(fn)
+    # a plain function of the modeling module: no wrapper left that could hand the work to a kernel
+    # package (fla on a GPU machine) instead of transformers' torch code
+    assert inspect.isfunction(reference) and reference.__module__ == module.__name__, reference
+    return reference
 
 
 def gdn_inputs(gen, B=2, T=100, H=2, HV=4, K=32, V=48):
@@ -64,7 +70,7 @@ def repeated(x: torch.Tensor, heads: int) -> torch.Tensor:
     ids=["chunk", "recurrent"],
 )
 def test_gated_delta_rule_matches_transformers(model, ours, theirs, gen):
-    reference = torch_function(model, theirs)
+    reference = reference_of(model, theirs)
     q, k, v, g, beta, h0 = gdn_inputs(gen)
     leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
     ref_leaves = [x.clone().requires_grad_() for x in (q, k, v, g, beta, h0)]
@@ -91,20 +97,20 @@ def test_gated_delta_rule_matches_transformers(model, ours, theirs, gen):
 
 
 def test_l2norm_matches_transformers(gen):
-    reference = torch_function("qwen3_5", "l2norm")
+    reference = reference_of("qwen3_5", "l2norm")
     x = torch.randn(4, 33, 128, generator=gen)
     assert rel_err(gdn.l2norm(x), reference(x, dim=-1, eps=1e-6)) < 1e-6
 
 
 def test_causal_conv1d_fn_matches_transformers(gen):
-    reference = torch_function("qwen3_5", "causal_conv1d_fn")
+    reference = reference_of("qwen3_5", "causal_conv1d_fn")
     x, w = torch.randn(2, 40, 23, generator=gen), torch.randn(40, 4, generator=gen)
     assert rel_err(gdn.causal_conv1d_fn(x, w, None, activation="silu"), reference(x, w, None, activation="silu")) < 1e-6
 
 
 @pytest.mark.parametrize("state_len", [3, 4])
 def test_causal_conv1d_update_matches_transformers(state_len, gen):
-    reference = torch_function("qwen3_5", "causal_conv1d_update")
+    reference = reference_of("qwen3_5", "causal_conv1d_update")
     x, w = torch.randn(3, 40, 1, generator=gen), torch.randn(40, 4, generator=gen)
     state = torch.randn(3, 40, state_len, generator=gen)
     ref_state = state.clone()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import inspect
 from collections.abc import Iterator
 
 import torch
@@ -80,7 +79,7 @@ def transformers_torch_code() -> Iterator[None]:
     the unpatched baseline is the readable reference gdn's eager ops are held to, not whatever kernels
     transformers would hand the work to. Models must be built inside (up to 5.14 `__init__` picks the
     kernels)."""
-    from gdn.integrations.transformers import CLASSES
+    from gdn.integrations.transformers import CLASSES, torch_function
 
     saved = []
     for path in CLASSES.values():
@@ -95,7 +94,7 @@ def transformers_torch_code() -> Iterator[None]:
             if getattr(found, "__module__", "").split(".")[0] in EXTERNAL_PACKAGES:
                 replacement = None
             else:
-                replacement = _torch_function(found)
+                replacement = torch_function(found)
             if replacement is not found:
                 saved.append((modeling, name, found))
                 setattr(modeling, name, replacement)
@@ -104,20 +103,6 @@ def transformers_torch_code() -> Iterator[None]:
     finally:
         for modeling, name, found in reversed(saved):
             setattr(modeling, name, found)
-
-
-def _torch_function(found: object) -> object:
-    """transformers' own function behind `found`: through functools' wrappers (`__wrapped__`, what the
-    fallback to fla wraps) and, with the `kernels` package installed (5.25 depends on it), through the
-    `nn.Module` it makes of a hub-kernel function, whose `forward` closes over the function."""
-    found = inspect.unwrap(found)
-    while isinstance(found, torch.nn.Module):
-        forward = type(found).forward
-        held = [cell.cell_contents for cell in forward.__closure__ or () if inspect.isfunction(cell.cell_contents)]
-        if len(held) != 1:
-            raise RuntimeError(f"grpo.models: cannot find the function {found!r} stands for ({len(held)} candidates)")
-        found = inspect.unwrap(held[0])
-    return found
 
 
 def build(kind: str, seed: int, device: torch.device) -> torch.nn.Module:

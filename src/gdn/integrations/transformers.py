@@ -298,6 +298,25 @@ def _function_of(obj: Any) -> Any:
     return call if inspect.isfunction(call) else None
 
 
+def torch_function(obj: Any) -> Any:
+    """transformers' own torch code behind a kernel's name in a modeling module (a reference to compare
+    with, or to time): without functools' wrappers (`__wrapped__`; from 5.15 the one that hands the work
+    to fla or causal-conv1d where they import) and, with the `kernels` package installed, without the
+    `nn.Module` it makes of a hub-kernel function, whose `forward` closes over the function."""
+    found = inspect.unwrap(obj)
+    while isinstance(found, torch.nn.Module):
+        forward = getattr(type(found), "forward", None)
+        cells = getattr(forward, "__closure__", None) or ()
+        held = [c.cell_contents for c in cells if _has_contents(c) and inspect.isfunction(c.cell_contents)]
+        if len(held) != 1:
+            raise UnsupportedTransformersError(
+                f"gdn.integrations.transformers: cannot find the function that {type(found).__qualname__} "
+                f"wraps ({len(held)} candidates in its forward)"
+            )
+        found = inspect.unwrap(held[0])
+    return found
+
+
 def _has_contents(cell: Any) -> bool:
     try:
         cell.cell_contents  # noqa: B018 - an empty cell raises
