@@ -121,25 +121,32 @@ def back_to_back_ms(fn, calls: int = 2000) -> float:
 
 
 def launch_floor_ms(inputs, pool, indices) -> tuple[float, float, float]:
-    """Back to back, the decode kernel's known binary launched (a) as gdn.backends.triton.launch does
-    once the key is built (stream lookup, hooks read, launcher, tensors passed as their addresses),
-    (b) by its launcher alone with every argument prepared, and (c) the same with the tensors
-    themselves, whose pointers the launcher then reads and checks with the driver one by one: (b) is
-    the least host time any Python caller of this kernel pays on this host."""
-    captured = []
-    original = launching._Binary.run_whole
+    """Back to back, the decode kernel's known binary launched (a) as a prepared launch does once its
+    key is built (stream lookup, launcher, tensors passed as their addresses), (b) by its launcher alone
+    with every argument prepared, and (c) the same with the tensors themselves, whose pointers the
+    launcher then reads and checks with the driver one by one: (b) is the least host time any Python
+    caller of this kernel pays on this host."""
+    launches, tensors = [], []
+    run_launcher, prepared_call = launching._Binary.run_launcher, launching.PreparedLaunch.__call__
 
-    def capture(self, *args):
-        captured.append((self, args))
-        return original(self, *args)
+    def capture_launch(self, *args):
+        launches.append((self, args))
+        return run_launcher(self, *args)
 
-    launching._Binary.run_whole = capture
+    def capture_tensors(self, *given):
+        tensors.append((*given, *self.tail))
+        return prepared_call(self, *given)
+
+    launching._Binary.run_launcher = capture_launch
+    launching.PreparedLaunch.__call__ = capture_tensors
     try:
-        for _ in range(2):
-            ours(inputs, pool, indices)()
+        step = prepared(inputs, pool, indices)
+        for _ in range(3):  # the last finds its binary known to the step's launch
+            step()
     finally:
-        launching._Binary.run_whole = original
-    binary, (device, whole, args, addresses) = captured[-1]
+        launching._Binary.run_launcher = run_launcher
+        launching.PreparedLaunch.__call__ = prepared_call
+    binary, (device, whole, addresses) = launches[-1]
     stream = binary.stream(device)
 
     def launcher_alone(values):
@@ -148,9 +155,9 @@ def launch_floor_ms(inputs, pool, indices) -> tuple[float, float, float]:
         )
 
     return (
-        back_to_back_ms(lambda: binary.run_whole(device, whole, args, addresses)),
+        back_to_back_ms(lambda: binary.run_launcher(device, whole, addresses)),
         back_to_back_ms(launcher_alone(binary.values(addresses))),
-        back_to_back_ms(launcher_alone(binary.values(args))),
+        back_to_back_ms(launcher_alone(binary.values(tensors[-1]))),
     )
 
 

@@ -197,11 +197,11 @@ def test_a_known_binary_is_launched_with_the_arguments_tritons_path_took(with_co
 
 
 def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monkeypatch):
-    """PreparedLaunch (a decode step's launch, its arguments after the tensors fixed): Triton's path once
-    per class of tensors (dtype, 16-byte alignment), shared with `launch` under the same key; then the
-    launcher with the same arguments, each tensor as its address (an integer, which Triton's launcher
-    takes as the pointer without asking the driver), a launch hook with the tensors themselves; the
-    tensors' device made current where it is not."""
+    """PreparedLaunch (a decode step's launch, its arguments after the tensors fixed, their dtypes too):
+    Triton's path once per class of tensors (16-byte alignment), shared with `launch` under the same
+    key; then the launcher with the same arguments, each tensor as its address (an integer, which
+    Triton's launcher takes as the pointer without asking the driver), a launch hook with the tensors
+    themselves; the tensors' device made current where it is not."""
     direct = _DirectPath(monkeypatch)
     kernel, tritons_path, launched, current = direct.kernel, direct.tritons_path, direct.launched, direct.current
     entered = []
@@ -221,10 +221,10 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
     constants = launching.Constants(BLOCK=64, SHIFT=3, num_warps=4)
     prepared = launching.PreparedLaunch(kernel, (2,), constants, (7,), torch.device("cuda", 0))
     x = torch.empty(64)
-    classes = [x, x[4:], x[1:], x.to(torch.bfloat16), x[2:]]  # aligned twice, off by 4 and 8 bytes, bf16
+    classes = [x, x[4:], x[1:], x[2:]]  # aligned twice, off by 4 and 8 bytes
     for tensor in classes:
         prepared(tensor)
-    assert [args[0] for _, args, _ in tritons_path] == [classes[0], classes[2], classes[3], classes[4]]
+    assert [args[0] for _, args, _ in tritons_path] == [classes[0], classes[2], classes[3]]
     assert all(grid == (2, 1, 1) and args[1] == 7 for grid, args, _ in tritons_path)
     assert len(launched) == 1 and launched[0][:9] == (2, 1, 1, "stream of 0", "function", "metadata", None, None, None)
     assert type(launched[0][9]) is int and launched[0][9] == classes[1].data_ptr() and launched[0][10:] == (7, 64, 3)
@@ -234,10 +234,10 @@ def test_a_prepared_launch_finds_launchs_binaries_by_its_tensors_and_device(monk
     assert direct.hooked[0][1][0] is classes[1]
     direct.hooks.launch_enter_hook = None
     launching.launch(kernel, (2,), constants)(torch.empty(8), 7)  # launch's own path finds the binary
-    assert len(tritons_path) == 4 and len(launched) == 2
+    assert len(tritons_path) == 3 and len(launched) == 2
     current[0] = 1  # another device is current: the tensors' is made current for the launch
     prepared(x)
-    assert entered == [0] and current[0] == 1 and launched[-1][3] == "stream of 0" and len(tritons_path) == 4
+    assert entered == [0] and current[0] == 1 and launched[-1][3] == "stream of 0" and len(tritons_path) == 3
 
 
 @pytest.mark.skipif(not CUDA, reason="direct launches run on a CUDA device only")

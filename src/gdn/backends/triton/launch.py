@@ -85,15 +85,24 @@ class _Binary:
     def run(self, device: int, grid: tuple[int, ...], args: tuple) -> None:
         self.run_whole(device, whole_grid(grid), args)
 
-    def run_whole(self, device: int, whole: tuple[int, int, int], args: tuple, addresses: tuple | None = None) -> None:
-        """Launch on `device` with the grid in three dimensions. `addresses`: `args` with each tensor
-        replaced by its address (None for None), where the caller knows every tensor is on `device`;
-        the launcher then reads no tensor (see PreparedLaunch). A launch hook gets the tensors."""
-        if _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook):
+    def hooked(self) -> bool:
+        """Whether a launch hook is set (a profiler can set one at any time: read per launch)."""
+        return _hooked(self.hooks.launch_enter_hook) or _hooked(self.hooks.launch_exit_hook)
+
+    def run_whole(self, device: int, whole: tuple[int, int, int], args: tuple) -> None:
+        """Launch on `device` with the grid in three dimensions: through the binary's own launch where a
+        hook is set (it computes the hooks' metadata), else its launcher alone."""
+        if self.hooked():
             self.compiled[whole](*self.values(args))
             return
-        values = self.values(args if addresses is None else addresses)
-        self.launcher(*whole, self.stream(device), self.function, self.packed_metadata, None, None, None, *values)
+        self.run_launcher(device, whole, args)
+
+    def run_launcher(self, device: int, whole: tuple[int, int, int], args: tuple) -> None:
+        """The launcher alone, no hooks. `args` may give a tensor's address (an integer) in its place,
+        where the caller knows the tensor is on `device` (PreparedLaunch)."""
+        self.launcher(
+            *whole, self.stream(device), self.function, self.packed_metadata, None, None, None, *self.values(args)
+        )
 
 
 def whole_grid(grid: tuple[int, ...]) -> tuple[int, int, int]:
@@ -139,18 +148,18 @@ def _jit_function() -> type:
 
 
 class PreparedLaunch:
-    """`launch(kernel, grid, constants)(*tensors, *tail)` for a launch that repeats with new tensors only
-    (a prepared decode step): `prepared(*tensors)`. Its binaries are `launch`'s (found under the key
-    `launch` builds); once one is found it is also kept here under what can still change from launch
-    to launch, each tensor's dtype and address modulo 16 (or None) and the current device, so a launch
-    builds and hashes a key of its tensors only. A launch makes the tensors' device current where it
-    is not (the binary was loaded there).
+    """`launch(kernel, grid, constants)(*tensors, *tail)` for a launch that repeats with new tensors of
+    the same dtypes on `device` (a prepared decode step): `prepared(*tensors)`. The callers guarantee
+    both (they check the first launch's tensors, then each launch's through the tensors' guard, which
+    reads dtype and device). Its binaries are `launch`'s (found under the key `launch` builds); once one
+    is found it is also kept here under what can still change from launch to launch, each tensor's
+    address modulo 16 (None for None), so a launch builds and hashes a key of its tensors' alignments
+    only. A launch makes `device` current where it is not (the binary was loaded there).
 
-    The tensors must be on `device` (the callers check that before the first launch and through the
-    tensors' guard after it), so a known binary's launcher gets their addresses as integers: Triton's
-    launcher takes an integer as the pointer itself, where for a tensor it calls `data_ptr()` and asks
-    the driver whether the pointer is one the device can reach (cuPointerGetAttribute), once per
-    pointer argument and launch."""
+    A known binary's launcher gets the tensors' addresses as integers: Triton's launcher takes an integer
+    as the pointer itself, where for a tensor it calls `data_ptr()` and asks the driver whether the
+    pointer is one the device can reach (cuPointerGetAttribute), once per pointer argument and launch.
+    A launch hook (a profiler's) gets the tensors."""
 
     __slots__ = ("_direct", "_known", "_tail_key", "constants", "device", "grid", "kernel", "tail")
 
@@ -174,25 +183,14 @@ class PreparedLaunch:
             with torch.cuda.device(device):
                 self(*tensors)
             return
-        key: list[Any] = []
-        append = key.append
-        addresses: list[int | None] = []
-        address_of = addresses.append
-        for t in tensors:  # unambiguous: None, or a dtype and then an integer
-            if t is None:
-                append(None)
-                address_of(None)
-            else:
-                address = t.data_ptr()
-                append(t.dtype)
-                append(address % 16)
-                address_of(address)
-        append(current)
-        found = tuple(key)
+        addresses = [None if t is None else t.data_ptr() for t in tensors]
+        found = tuple([None if a is None else a % 16 for a in addresses])
         binary = self._known.get(found)
         if binary is not None:
-            tail = self.tail
-            binary.run_whole(current, self.grid, (*tensors, *tail), (*addresses, *tail))
+            if binary.hooked():
+                binary.run_whole(current, self.grid, (*tensors, *self.tail))
+            else:
+                binary.run_launcher(current, self.grid, (*addresses, *self.tail))
             return
         args = (*tensors, *self.tail)
         full = (kernel, current, self.constants, *_key(kernel, current, tensors, {})[2:], *self._tail_key)
