@@ -268,10 +268,13 @@ def _nested(calls: Counter) -> dict[str, dict[str, int]]:
     return out
 
 
-def _code_words(fn: Callable) -> set[str]:
+def _code_words(fn: Callable, module: ModuleType | None = None) -> set[str]:
     """The global and attribute names and the string constants used by `fn` and by every function it
-    wraps. Decorators do not all set __wrapped__ (transformers 5.14's force_accelerate_hooks does not),
-    so the functions held in closures are searched too."""
+    wraps, and, given `module`, by every function of that module they name, transitively: from 5.25
+    `forward` reaches the conv kernels through a module-level helper (`causal_conv1d_forward`), which
+    looks them up in the same namespace the patch replaces them in. Decorators do not all set
+    __wrapped__ (transformers 5.14's force_accelerate_hooks does not), so the functions held in closures
+    are searched too."""
     names: set[str] = set()
     pending, seen = [fn], set()
     while pending:
@@ -279,10 +282,12 @@ def _code_words(fn: Callable) -> set[str]:
         if f is None or id(f) in seen:
             continue
         seen.add(id(f))
-        names.update(f.__code__.co_names)
-        names.update(c for c in f.__code__.co_consts if isinstance(c, str))
+        found = {*f.__code__.co_names, *(c for c in f.__code__.co_consts if isinstance(c, str))}
+        names |= found
         pending.extend(cell.cell_contents for cell in f.__closure__ or () if _has_contents(cell))
         pending.extend(w for w in (getattr(f, "__wrapped__", None),) if w is not None)
+        if module is not None:
+            pending.extend(g for g in (vars(module).get(n) for n in found) if _defined_in(g, module))
     return names
 
 
@@ -325,29 +330,12 @@ def _has_contents(cell: Any) -> bool:
     return True
 
 
-def _reached_words(fn: Callable, modeling: ModuleType) -> set[str]:
-    """`_code_words` of `fn` and of every function of `modeling` it names, transitively: from 5.25
-    `forward` reaches the conv kernels through a module-level helper (`causal_conv1d_forward`), which
-    looks them up in the same module namespace the patch replaces them in."""
-    words: set[str] = set()
-    pending, seen = [fn], set()
-    while pending:
-        f = pending.pop()
-        if id(f) in seen:
-            continue
-        seen.add(id(f))
-        found = _code_words(f)
-        words |= found
-        pending.extend(g for g in (vars(modeling).get(n) for n in found) if _defined_in(g, modeling))
-    return words
-
-
 def _defined_in(fn: Any, modeling: ModuleType) -> bool:
     return callable(fn) and not isinstance(fn, type) and getattr(fn, "__module__", None) == modeling.__name__
 
 
 def _api_of(cls: type, modeling: ModuleType, version: str) -> str:
-    forward_names = _reached_words(cls.forward, modeling)
+    forward_names = _code_words(cls.forward, modeling)
     attributes = [names[0] for names in KERNELS.values()]
     functions = [names[1] for names in KERNELS.values()]
     if set(functions) <= forward_names and all(callable(getattr(modeling, n, None)) for n in functions):
