@@ -494,8 +494,9 @@ def test_stage_kernels_fit_hopper():
 @pytest.mark.single_op
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
-    V-sliced state passes and masks inside every slice."""
-    narrow = dict(BK=16, BV=16, state_bv=16, state_bv_short=16, output_bv=32, wy_bwd_bk=16)
+    V-sliced state passes and masks inside every slice; the WY backward's dq and dk in K slices, so the
+    l2norm's backward runs apart (`l2norm_bwd`), as at K > 128."""
+    narrow = dict(BK=16, BV=16, state_bv=16, state_bv_short=16, output_bv=32, wy_bwd_bk=16, wy_bwd_out_bk=16)
     monkeypatch.setattr(config, "OVERRIDES", narrow)
     assert config.tiles_for(40, 40, 4).BK == 16
     inputs = make_inputs(gen, 80, 1, 2, 40, 40, N=2)
@@ -646,7 +647,9 @@ def test_a_dense_and_a_packed_call_launch_the_same_binaries(monkeypatch, gen):
         (o.float().sum() + final.sum()).backward()
         keys.append({(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls})
     dense, packed_keys = keys
-    assert len({name for name, _ in dense}) == 10
+    names = {name for name, _ in dense}
+    # nine kernels: at K <= 128 the l2norm's backward runs inside the WY backward
+    assert len(names) == 9 and "_l2norm_bwd_kernel" not in names, sorted(names)
     apart = sorted({name for name, _ in dense ^ packed_keys})
     assert not apart, f"a dense and a packed call launch different binaries of {apart}"
 
@@ -724,7 +727,7 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     o, final = triton_chunk.chunk_gated_delta_rule(call)
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
-    assert len(real) == 14 and dry == real  # 6 launches forward, 8 backward
+    assert len(real) == 12 and dry == real  # 6 launches forward, 6 backward
 
 
 @pytest.mark.single_op
@@ -911,7 +914,7 @@ def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen
     o, _ = triton_chunk.chunk_gated_delta_rule(like)
     o.float().sum().backward()
     launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
-    assert len(launched) >= 10
+    assert len(launched) >= 9
     assert launched <= probed, f"binaries the probe did not compile: {sorted(name for name, _ in launched - probed)}"
 
 

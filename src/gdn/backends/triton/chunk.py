@@ -4,8 +4,8 @@ of Triton kernels, one module per stage under `common/`.
 Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -> output.
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
 are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk (per
-value head), dw and the gate gradient per chunk -> WY backward (dq and dk summed over each group, dv,
-dbeta, dg) -> l2norm backward.
+value head), dw and the gate gradient per chunk -> WY backward (dq and dk summed over each group and
+through the l2norm's backward, dv, dbeta, dg).
 
 Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
 per token and head) and the initial state.
@@ -27,7 +27,7 @@ from gdn.backends.triton.common.state import state_backward, state_forward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.compile_ahead import compile_ahead
-from gdn.backends.triton.l2norm import l2norm_bwd, l2norm_fwd
+from gdn.backends.triton.l2norm import l2norm_fwd
 from gdn.calls import GdnCall
 
 L2NORM_EPS = 1e-6
@@ -114,12 +114,11 @@ def _backward(
     del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
     dq_parts, dk_parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
     del h, dh, v_new
-    dq, dk, dv, dbeta, dg = wy_backward(k, v, beta, gc, Ai, dw, dv, dq_parts, dk_parts, dG, plan, tiles, fp32_dot)
+    rstd = (q_rstd, k_rstd) if saved.use_qk_l2norm_in_kernel else None
+    dq, dk, dv, dbeta, dg = wy_backward(
+        q, k, v, beta, gc, Ai, dw, dv, dq_parts, dk_parts, dG, rstd, plan, tiles, fp32_dot
+    )
     del dq_parts, dk_parts
-
-    if saved.use_qk_l2norm_in_kernel:
-        dq = l2norm_bwd(q, q_rstd, dq)
-        dk = l2norm_bwd(k, k_rstd, dk)
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),

@@ -1,6 +1,6 @@
 """Compiling a call's binaries ahead of its first launch, all at once and in parallel.
 
-A chunk forward+backward launches ten kernels; compiled one at a time as each is first launched, a
+A chunk forward+backward launches nine or ten kernels; compiled one at a time as each is first launched, a
 fresh process pays their compile times in sequence (about 0.7 s each on an H200 host, most of it in
 ptxas and the C compiler that builds each binary's launcher, both separate processes). Here the
 call's host code runs once in a dry mode where every launch only compiles (Triton's warm-up), under

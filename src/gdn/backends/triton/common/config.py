@@ -55,6 +55,7 @@ class Tiles:
     state_bv_narrow: int  # the V slice when even state_bv_short would leave most SMs idle
     output_bv: int
     wy_bwd_bk: int  # K slice of the WY backward
+    wy_bwd_out_bk: int  # K slice of its dq / dk pass (the whole K up to 128: the l2norm's backward there)
     qk_grads_bk: int  # K slice of qk_grads (the whole K up to 128)
     prepare_warps: int
     wu_warps: int
@@ -107,6 +108,7 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         output_bv=VP,
         combine_bv=VP,
         wy_bwd_bk=KP,
+        wy_bwd_out_bk=KP,
         qk_grads_bk=KP,
         num_stages=1,
         state_stages=1,
@@ -149,6 +151,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         # at K = 128 (ptxas, sm_90), 32 spill 16
         combine_bv=min(32, VP),
         wy_bwd_bk=min(64, KP),
+        wy_bwd_out_bk=KP if KP <= 128 else 64,
         # one value head a program holds three [64, K] fp32 accumulators: 251 registers and no spills at
         # K = 128 over 8 warps (ptxas, sm_90); wider K in 128-column slices
         qk_grads_bk=min(128, KP),

@@ -1,6 +1,12 @@
 """Backward through the WY representation and the gate cumsum, one program per (chunk, query/key head)
-looping over the head's value heads, then writing dq and dk (fp32) in one pass over K for the whole
-group: the sums over its value heads of their output/state parts (from qk_grads) and dk's WY part.
+looping over the head's value heads, then writing dq and dk in one pass over K for the whole group: the
+sums over its value heads of their output/state parts (from qk_grads) and dk's WY part.
+
+Where q and k were l2-normalised in the op and that pass holds the whole K (K <= 128), it applies the
+normalisation's backward to its fp32 sums and writes dq and dk in q's and k's dtype: without it the
+two fp32 [T, H, K] tensors go to memory and a separate l2norm backward reads them back (at (1, 8192)
+with 16 heads, 128 MiB written and read again, besides its launches). Wider K takes slices, writes
+fp32, and leaves the normalisation's backward to `l2norm_bwd`.
 
 With w = T (beta exp(G) k), u = T (beta v), T = (I + A)^-1, A = beta_i k_i.k_j exp(G_i - G_j) (j < i):
     dT = dw (beta exp(G) k)^T + du (beta v)^T   (lower triangle: T has no other entries)
@@ -20,11 +26,13 @@ from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.l2norm import l2norm_bwd
 from gdn.backends.triton.launch import launch
 
 
 @triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _wy_bwd_kernel(
+    q,
     k,
     v,
     beta,
@@ -39,6 +47,8 @@ def _wy_bwd_kernel(
     dbeta,
     dg,
     dG,
+    q_rstd,
+    k_rstd,
     cu_seqlens,
     chunk_indices,
     T,
@@ -49,12 +59,16 @@ def _wy_bwd_kernel(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    BKO: tl.constexpr,
     NK: tl.constexpr,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
+    L2NORM: tl.constexpr,
 ):
     """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dq_parts and
-    dk_parts hold each value head's output/state part of the query and key gradients."""
+    dk_parts hold each value head's output/state part of the query and key gradients. dq and dk are
+    written in K slices of BKO; with L2NORM (BKO covers K) through the l2norm's backward, for which q
+    and k are the normalised ones and q_rstd, k_rstd their rows' 1 / norm."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     o_t = tl.arange(0, BT)
@@ -127,8 +141,8 @@ def _wy_bwd_kernel(
     # dk = (dA b + (dA b)^T) k + sum over value heads of (their output/state part + diag(beta exp(G))
     # T^T dw); dq = sum over value heads of their part
     dAs = cast_as(dAs + tl.trans(dAs), k)
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
+    for k0 in range(0, K, BKO):
+        o_k = k0 + tl.arange(0, BKO)
         m_tk = mt[:, None] & (o_k < K)[None, :]
         p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
         kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
@@ -142,18 +156,34 @@ def _wy_bwd_kernel(
             A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
             p_hk = (tok * HV + i_hv)[:, None] * K + o_k[None, :]
             dwt = tl.load(dw + p_hk, mask=m_tk, other=0.0)
-            dk_t += mma(tl.trans(A), dwt, FP32_DOT) * (b * eG)[:, None]
+            # diag(beta exp(G)) T^T dw with the diagonal on T's columns: the product then adds into dk_t
+            # in place (scaled afterwards it needs a [BT, BKO] fp32 tile of its own)
+            dk_t += mma(cast_as(tl.trans(A.to(tl.float32) * (b * eG)[None, :]), k), dwt, FP32_DOT)
             dk_t += tl.load(dk_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
-        tl.store(dk + p_qk, dk_t, mask=m_tk)
+        if L2NORM:
+            dk_t = _l2norm_grad(kt, dk_t, k_rstd, tok * H + i_h, mt)
+        tl.store(dk + p_qk, cast_as(dk_t, dk), mask=m_tk)
         # dq after dk is stored, so that the two sums are not live together
-        dq_t = tl.zeros([BT, BK], dtype=tl.float32)
+        dq_t = tl.zeros([BT, BKO], dtype=tl.float32)
         for i_g in range(HV // H):
             p_hk = (tok * HV + i_h * (HV // H) + i_g)[:, None] * K + o_k[None, :]
             dq_t += tl.load(dq_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
-        tl.store(dq + p_qk, dq_t, mask=m_tk)
+        if L2NORM:
+            qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
+            dq_t = _l2norm_grad(qt, dq_t, q_rstd, tok * H + i_h, mt)
+        tl.store(dq + p_qk, cast_as(dq_t, dq), mask=m_tk)
+
+
+@triton.jit
+def _l2norm_grad(y, dy, rstd, rows, mask):
+    """The gradient of x for y = x / |x| (rows whole): rstd (dy - y (y . dy)), as gdn.backends.triton.l2norm."""
+    yf = y.to(tl.float32)
+    r = tl.load(rstd + rows, mask=mask, other=0.0)
+    return r[:, None] * (dy - yf * tl.sum(yf * dy, 1)[:, None])
 
 
 def wy_backward(
+    q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
@@ -164,20 +194,27 @@ def wy_backward(
     dq_parts: torch.Tensor,
     dk_parts: torch.Tensor,
     dG: torch.Tensor,
+    rstd: tuple[torch.Tensor, torch.Tensor] | None,
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq_parts, dk_parts: qk_grads' per value head. -> (dq, dk [B, T, H, K] fp32, dv (written over du),
-    dbeta fp32, dg fp32)."""
+    """dq_parts, dk_parts: qk_grads' per value head; rstd: (q's, k's) 1 / norm per row where q and k are
+    the op's l2-normalised ones. -> (dq, dk [B, T, H, K] in q's and k's dtype, through the l2norm's
+    backward where rstd is given; dv (written over du), dbeta fp32, dg fp32)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
-    dq = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
-    dk = torch.empty_like(dq)
+    in_kernel = rstd is not None and tiles.wy_bwd_out_bk >= K
+    # fp32 only where `l2norm_bwd` still has to read them
+    final = rstd is None or in_kernel
+    dq = torch.empty(B, T, H, K, dtype=q.dtype if final else torch.float32, device=k.device)
+    dk = torch.empty(B, T, H, K, dtype=k.dtype if final else torch.float32, device=k.device)
     dbeta = torch.empty(B, T, HV, dtype=torch.float32, device=k.device)
     dg = torch.empty_like(dbeta)
+    q_rstd, k_rstd = (None, None) if rstd is None else rstd
     with device_guard(k):
         launch(_wy_bwd_kernel, (plan.num_chunks, H))(
+            q,
             k,
             v,
             beta,
@@ -192,6 +229,8 @@ def wy_backward(
             dbeta,
             dg,
             dG,
+            q_rstd,
+            k_rstd,
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
@@ -202,10 +241,14 @@ def wy_backward(
             BT=CHUNK,
             BK=tiles.wy_bwd_bk,
             BV=tiles.BV,
+            BKO=tiles.wy_bwd_out_bk,
             NK=dG.shape[-1],
             IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
-            num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.BV),
+            L2NORM=in_kernel,
+            num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.wy_bwd_out_bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
+    if rstd is not None and not in_kernel:
+        dq, dk = l2norm_bwd(q, q_rstd, dq), l2norm_bwd(k, k_rstd, dk)
     return dq, dk, du, dbeta, dg
