@@ -731,6 +731,30 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
 
 
 @pytest.mark.single_op
+def test_a_batch_dry_runs_every_call_of_a_class(monkeypatch, gen):
+    """Calls of one kernel class handed over together (the numeric probe's dense and packed cases) are
+    each dry-run, in the class's one entry of the batch: on the H200 a dense case whose class had been
+    dry-run only through its packed case compiled binaries at its launches, and this interpreter's
+    specializations do not show which."""
+    dense, _ = prepared_call(gen, 80, 2, 4, 32, 48, [0, 80])
+    packed, _ = prepared_call(gen, 130, 2, 4, 32, 48, [0, 17, 17, 90, 130])
+    dense = dataclasses.replace(dense, cu_seqlens=None)
+    assert (
+        triton_chunk._dry_run_of(dense, triton_chunk._plan(dense))[0]
+        == triton_chunk._dry_run_of(packed, triton_chunk._plan(packed))[0]
+    )
+    batches, stepped = [], []
+    monkeypatch.setattr(triton_chunk, "compile_ahead", batches.append)
+    monkeypatch.setattr(triton_chunk, "_dry_step", lambda call, plan, needs_grad: stepped.append(call))
+    triton_chunk.compile_calls_ahead([dense, packed])
+    (batch,) = batches
+    assert len(batch) == 1
+    for run in batch.values():
+        run()
+    assert [call.cu_seqlens is None for call in stepped] == [True, False]
+
+
+@pytest.mark.single_op
 @pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
 def test_dry_run_of_a_class_that_can_split_warms_whole_and_split_passes(monkeypatch, gen):
     """Where the state passes of the class could split a sequence, the first call's dry run warms the
@@ -902,11 +926,13 @@ def probe_calls(like) -> list:
 @pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
 def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen):
     """The numeric probe runs in the class of the call that asked for the op, so compiling its cases
-    ahead compiles every binary that call then launches (the probe's fp32 cases shared none)."""
+    ahead compiles every binary that call then launches (the probe's fp32 cases shared none), and no
+    other: its packed case takes the call's states too (a training call's none), where it once passed
+    an initial state and asked for the final one, and compiled five binaries the call never launched."""
     like = first_call(gen)
     launches = Launches(monkeypatch)
     calls = probe_calls(like)
-    assert [call.q.dtype for call in calls] == [torch.bfloat16] * 3
+    assert [call.q.dtype for call in calls] == [torch.bfloat16] * 2
     for call in calls:
         compile_ahead.dry_run(triton_chunk._dry_run_of(call, triton_chunk._plan(call))[1])
     probed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
@@ -916,6 +942,7 @@ def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen
     launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
     assert len(launched) >= 9
     assert launched <= probed, f"binaries the probe did not compile: {sorted(name for name, _ in launched - probed)}"
+    assert probed <= launched, f"binaries the call does not launch: {sorted(name for name, _ in probed - launched)}"
 
 
 @pytest.mark.single_op

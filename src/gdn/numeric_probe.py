@@ -36,8 +36,9 @@ GDN_OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
 @dataclass(frozen=True)
 class ProbeClass:
     """The compile-time class of the gated-delta cases: input dtype (None: fp32), heads, head dims,
-    l2norm in the kernel, and whether the first case passes an initial state and asks for the final
-    one (the varlen cases always pass one and ask for it, then not)."""
+    l2norm in the kernel, and whether the cases pass an initial state and ask for the final one (where
+    they do, one more packed case passes an initial state and does not ask: the call a backend that
+    cannot carry the final state's gradient takes)."""
 
     dtype: torch.dtype | None = None
     H: int = 2
@@ -90,11 +91,14 @@ class ProbeReport:
 
 @dataclass
 class Case:
-    """User-level arguments of one op call; `grad` names the inputs whose gradients are compared."""
+    """User-level arguments of one op call; `grad` names the inputs whose gradients are compared. A
+    `fallback` case runs only where the backend refused every case before it (it would compile
+    binaries the asking call does not launch)."""
 
     name: str
     args: dict[str, Any]
     grad: tuple[str, ...] = ()
+    fallback: bool = False
 
 
 def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
@@ -127,29 +131,30 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
             dict(**dense, output_final_state=cls.final_state, use_qk_l2norm_in_kernel=cls.l2norm),
             tuple(name for name in grads if name in dense),
         )
+        # Packed sequences in the same class: whether a call is packed is a runtime argument of a
+        # compiled kernel, so these cases compile nothing the class's own call would not launch.
         lens = torch.tensor([0, 17, 17, 90, 130])
+        varlen = dict(**gdn_inputs(1, 130), cu_seqlens=lens, use_qk_l2norm_in_kernel=cls.l2norm)
+        states = {"initial_state": randn(4, HV, K, V)} if cls.initial_state else {}
         yield Case(
             "varlen",
-            dict(
-                **gdn_inputs(1, 130),
-                cu_seqlens=lens,
-                initial_state=randn(4, HV, K, V),
-                output_final_state=True,
-                use_qk_l2norm_in_kernel=cls.l2norm,
-            ),
-            grads,
+            dict(**varlen, **states, output_final_state=cls.final_state),
+            tuple(name for name in grads if name in varlen or name in states),
         )
-        # no final state: the call a backend that cannot return the final state's gradient still takes
-        yield Case(
-            "varlen_state_in",
-            dict(
-                **gdn_inputs(1, 130),
-                cu_seqlens=lens,
-                initial_state=randn(4, HV, K, V, scale=0.1),
-                use_qk_l2norm_in_kernel=cls.l2norm,
-            ),
-            grads,
-        )
+        if cls.final_state:
+            # without the final state: the call a backend that cannot return the final state's gradient
+            # still takes, where it refused the two above
+            yield Case(
+                "varlen_state_in",
+                dict(
+                    **gdn_inputs(1, 130),
+                    cu_seqlens=lens,
+                    initial_state=randn(4, HV, K, V, scale=0.1),
+                    use_qk_l2norm_in_kernel=cls.l2norm,
+                ),
+                grads,
+                fallback=True,
+            )
         if op == "fused_recurrent_gated_delta_rule":
             # one token per sequence: a decode step, which a backend may serve by a path of its own
             yield Case(
@@ -275,7 +280,7 @@ def _in_dtype(case: Case, dtype: torch.dtype | None) -> Case:
         else value
         for name, value in case.args.items()
     }
-    return Case(case.name, args, case.grad)
+    return replace(case, args=args)
 
 
 def probe_op(
@@ -326,6 +331,8 @@ def probe_op(
         cases.append(Case(f"{first.name} at K={K}, V={V}", first.args, first.grad))
     taken = []
     for case in cases:
+        if case.fallback and taken:
+            continue
         case = _in_dtype(case, cls.dtype if op in GDN_OPS else dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
