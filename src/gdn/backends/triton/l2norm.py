@@ -64,6 +64,14 @@ def _l2norm_fwd_kernel(
     tl.store(rstd_ptr + r, rstd, mask=row_mask)
 
 
+@triton.jit
+def grad_rows(y, dy, rstd):
+    """dL/dx of whole rows from y, dL/dy (fp32) and each row's rstd: rstd (dy - y (y . dy)). The WY
+    backward applies it to its own dq and dk sums (gdn.backends.triton.common.wy_bwd)."""
+    yf = y.to(tl.float32)
+    return rstd[:, None] * (dy - yf * tl.sum(yf * dy, axis=1)[:, None])
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _l2norm_bwd_kernel(
     y_ptr,
@@ -82,10 +90,9 @@ def _l2norm_bwd_kernel(
     rstd = tl.load(rstd_ptr + r, mask=row_mask, other=0.0)
     if D <= BD:
         mask = row_mask[:, None] & (cols[None, :] < D)
-        y = tl.load(y_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + base + cols[None, :], mask=mask, other=0.0)
         dy = tl.load(dy_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        proj = tl.sum(y * dy, axis=1)
-        dx = rstd[:, None] * (dy - y * proj[:, None])
+        dx = grad_rows(y, dy, rstd)
         tl.store(dx_ptr + base + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
     else:
         proj = tl.zeros([BR], dtype=tl.float32)

@@ -26,7 +26,7 @@ from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
-from gdn.backends.triton.l2norm import l2norm_bwd
+from gdn.backends.triton.l2norm import grad_rows, l2norm_bwd
 from gdn.backends.triton.launch import launch
 
 
@@ -161,7 +161,7 @@ def _wy_bwd_kernel(
             dk_t += mma(cast_as(tl.trans(A.to(tl.float32) * (b * eG)[None, :]), k), dwt, FP32_DOT)
             dk_t += tl.load(dk_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
         if L2NORM:
-            dk_t = _l2norm_grad(kt, dk_t, k_rstd, tok * H + i_h, mt)
+            dk_t = grad_rows(kt, dk_t, tl.load(k_rstd + tok * H + i_h, mask=mt, other=0.0))
         tl.store(dk + p_qk, cast_as(dk_t, dk), mask=m_tk)
         # dq after dk is stored, so that the two sums are not live together
         dq_t = tl.zeros([BT, BKO], dtype=tl.float32)
@@ -170,16 +170,8 @@ def _wy_bwd_kernel(
             dq_t += tl.load(dq_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
         if L2NORM:
             qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
-            dq_t = _l2norm_grad(qt, dq_t, q_rstd, tok * H + i_h, mt)
+            dq_t = grad_rows(qt, dq_t, tl.load(q_rstd + tok * H + i_h, mask=mt, other=0.0))
         tl.store(dq + p_qk, cast_as(dq_t, dq), mask=m_tk)
-
-
-@triton.jit
-def _l2norm_grad(y, dy, rstd, rows, mask):
-    """The gradient of x for y = x / |x| (rows whole): rstd (dy - y (y . dy)), as gdn.backends.triton.l2norm."""
-    yf = y.to(tl.float32)
-    r = tl.load(rstd + rows, mask=mask, other=0.0)
-    return r[:, None] * (dy - yf * tl.sum(yf * dy, 1)[:, None])
 
 
 def wy_backward(
