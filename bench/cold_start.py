@@ -12,7 +12,8 @@ timed to a device synchronisation:
   (its cases take the call's class, so its first case compiles the binaries the call launches), and
   `resolve: compiling ahead`, the part of it spent compiling the probe's binaries in one batch, and
   `resolve: case <name>`, each probe case's comparison with eager (a case that compiles at its own
-  launches, what the batch should have compiled, shows here);
+  launches, what the batch should have compiled, shows here), split into its `eager` and `triton`
+  runs;
 - `first fwd`, `first bwd`: the first call at (1, 8192, 16, 32, 128) bf16, l2norm in the kernel, and its
   backward (they compile the call's own binaries);
 - `again`: the same forward+backward once more (all compiled: the warm time);
@@ -21,7 +22,10 @@ timed to a device synchronisation:
 
 The binaries each Triton kernel compiled (Triton's in-process caches) and the launchers built (Triton's
 cache directory) are counted per phase, and whether this Triton compiles a call's binaries ahead, in
-parallel (gdn.backends.triton.compile_ahead), is recorded. A peer's
+parallel (gdn.backends.triton.compile_ahead), is recorded. Each compile and each launcher build is
+also on a timeline (seconds from the process's start, the worker thread, each compile's stages from
+Triton's compilation listener), so that which binary bounds a phase, and whether its launcher waited
+for it, can be read. A peer's
 row has its first forward+backward (fla's autotuning and FlashQLA's TileLang JIT included) and the next.
 
 With --profile, gdn's resolve and first forward and backward run under cProfile (slower: the times
@@ -124,6 +128,56 @@ def _launchers() -> int:
     return sum(1 for _ in Path(os.environ["TRITON_CACHE_DIR"]).rglob("__triton_launcher*"))
 
 
+def _record_timeline(start: float) -> list[dict]:
+    """Every compile (Triton's compilation listener, Triton >= 3.4) and every launcher build of
+    compile_ahead from now on, as rows of a timeline in seconds from `start`."""
+    import threading
+
+    from triton import knobs
+
+    from gdn.backends.triton import compile_ahead
+
+    rows: list[dict] = []
+
+    def since() -> float:
+        return round(time.perf_counter() - start, 3)
+
+    def compiled(*, src, metadata, metadata_group, times, cache_hit) -> None:
+        end = since()
+        rows.append(
+            {
+                "what": "compile",
+                "kernel": src.name,
+                "thread": threading.current_thread().name,
+                "start_s": round(end - times.total / 1e6, 3),
+                "end_s": end,
+                "stages_ms": {"ast": times.ir_initialization // 1000}
+                | {stage: us // 1000 for stage, us in times.lowering_stages},
+                "cache_hit": cache_hit,
+            }
+        )
+
+    knobs.compilation.listener = compiled
+    build = compile_ahead._build_launcher
+
+    def timed_build(source, metadata) -> None:
+        begun = since()
+        build(source, metadata)
+        rows.append(
+            {
+                "what": "launcher",
+                "kernel": source.name,
+                "thread": threading.current_thread().name,
+                "start_s": begun,
+                "end_s": since(),
+                "before_its_binary": isinstance(metadata, compile_ahead._MetadataNotYet),
+            }
+        )
+
+    compile_ahead._build_launcher = timed_build
+    return rows
+
+
 def child_gdn(profile: bool = False) -> dict:
     phases: dict[str, float] = {}
     start = time.perf_counter()
@@ -159,6 +213,8 @@ def child_gdn(profile: bool = False) -> dict:
     # in their class); loading the backend (Triton, the kernel modules, the driver) timed apart
     like = PREPARE[OP](*leaves, use_qk_l2norm_in_kernel=True)
     phase("backend", lambda: gdn.resolve.backends()["triton"].why_unavailable("cuda"))
+    timeline = _record_timeline(start)
+    marks = {"resolve begins": round(time.perf_counter() - start, 3)}
     from gdn.backends.triton import chunk as triton_chunk
 
     ahead: list[float] = []
@@ -183,7 +239,22 @@ def child_gdn(profile: bool = False) -> dict:
         return failure
 
     numeric_probe._compare = timed_compare
+    collect = numeric_probe._collect
+
+    def timed_collect(op, fn, case, device):
+        begun = time.perf_counter()
+        collected = collect(op, fn, case, device)
+        torch.cuda.synchronize()
+        side = "eager" if fn is eager_op else "triton"
+        cases[f"{case.name}: {side}"] = round(time.perf_counter() - begun, 2)
+        return collected
+
+    from gdn.backends.eager import EAGER
+
+    eager_op = EAGER.ops[OP]
+    numeric_probe._collect = timed_collect
     phase("resolve", lambda: gdn.resolve.resolve(OP, "cuda", like))
+    marks["resolve ends"] = round(time.perf_counter() - start, 3)
     phases["resolve: compiling ahead"] = round(sum(ahead), 2)
     phases.update({f"resolve: case {name}": seconds for name, seconds in cases.items()})
     after("resolve")
@@ -207,6 +278,7 @@ def child_gdn(profile: bool = False) -> dict:
         "launchers": launchers,
         "compiles_ahead": compile_ahead.supported(),
         "route": gdn.resolve.last_route(),
+        "timeline": {"marks_s": marks, "rows": sorted(timeline, key=lambda row: row["start_s"])},
         **({"profiles": profiles} if profile else {}),
     }
 
@@ -281,6 +353,12 @@ def main() -> None:
         for phase, top in (r.get("profiles") or {}).items():
             print(f"{r['impl']} {phase}: the functions of the most cumulative time")
             print_table(top[:20], ["function", "calls", "own_s", "cum_s"])
+        if r.get("timeline"):
+            print(f"{r['impl']} compiles and launcher builds (s from the process's start): {r['timeline']['marks_s']}")
+            print_table(
+                [{k: v for k, v in row.items() if k != "stages_ms"} for row in r["timeline"]["rows"]],
+                ["what", "kernel", "thread", "start_s", "end_s"],
+            )
         if "compiles_ahead" in r:
             print(f"{r['impl']} compiles a call's binaries ahead, in parallel: {r['compiles_ahead']}")
     payload = {

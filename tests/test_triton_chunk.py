@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
+import time
 from collections import Counter
 from typing import ClassVar
 
@@ -844,24 +846,88 @@ class _ThreadedCompileMode:
         return False
 
 
-@pytest.mark.single_op
-def test_every_binary_compiled_ahead_gets_its_launcher_built(monkeypatch):
-    """Each binary a dry run compiles has its launcher built on the pool (once compiled, beside the
-    compiles still running), also where the compile mode forgets its futures when it ends."""
-    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
-    monkeypatch.setattr(compile_ahead, "_done", set())
-    built = []
-    monkeypatch.setattr(compile_ahead, "_build_launcher", built.append)
+@dataclasses.dataclass
+class _Binary:
+    src: object
+    metadata: str = "the binary's metadata"
 
-    def dry(names):
+
+@pytest.mark.single_op
+def test_every_binary_compiled_ahead_gets_its_launcher_built_beside_its_compile(monkeypatch):
+    """Where Triton's compile closure holds the kernel's source (its jit does), the launcher builds from
+    that source beside the compile, not after it (built after, the longest compile's launcher lengthened
+    the batch by a C compiler run); a compile whose source is not to be had gets its launcher once
+    compiled, with the binary's metadata. Also where the compile mode forgets its futures when it ends."""
+    from triton.compiler import ASTSource
+
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
+    monkeypatch.setattr(compile_ahead, "_launchers_compile", lambda: True)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    built, begun = [], threading.Event()
+
+    def build(source, metadata):
+        built.append((source.name, type(metadata).__name__))
+        begun.set()
+
+    monkeypatch.setattr(compile_ahead, "_build_launcher", build)
+    seen_early = []
+
+    def with_source():
+        source = ASTSource(triton_l2norm._l2norm_fwd_kernel, {"x": "*fp32"})
+
+        def compile_fn():
+            seen_early.append(begun.wait(timeout=5))  # the launcher's build begins while this compiles
+            return _Binary(source)
+
+        return compile_fn
+
+    def without_source(name):
+        return lambda: _Binary(type("Source", (), {"name": name})())
+
+    def dry():
+        _ThreadedCompileMode.active.submit("a", with_source())
+        _ThreadedCompileMode.active.submit("b", without_source("_b_kernel"))
+
+    compile_ahead.compile_ahead({"a": dry})
+    assert seen_early == [True]
+    assert sorted(built) == [("_b_kernel", "str"), ("_l2norm_fwd_kernel", "_MetadataNotYet")]
+
+
+@pytest.mark.single_op
+def test_compiles_start_once_every_dry_run_of_the_batch_is_done(monkeypatch):
+    """No compile starts while a dry run of the batch still issues launches (the compiles' own Python
+    held the interpreter's lock against it); all start once the dry runs are done, and a dry run that
+    fails leaves no compile waiting: its error comes out once they are done."""
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
+    monkeypatch.setattr(compile_ahead, "_launchers_compile", lambda: False)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda *built: None)
+    compiled, seen_during = [], []
+
+    def dry(name, error=None):
         def run():
-            for name in names:
-                _ThreadedCompileMode.active.submit(name, lambda name=name: f"binary {name}")
+            _ThreadedCompileMode.active.submit(name, lambda: compiled.append(name) or _Binary(None))
+            time.sleep(0.2)
+            seen_during.append(list(compiled))
+            if error is not None:
+                raise error
 
         return run
 
-    compile_ahead.compile_ahead({"a": dry(["x", "y"]), "b": dry(["z"])})
-    assert sorted(built) == ["binary x", "binary y", "binary z"]
+    compile_ahead.compile_ahead({"a": dry("a"), "b": dry("b")})
+    assert seen_during == [[], []] and sorted(compiled) == ["a", "b"]
+    outcome = []
+
+    def failing_batch():
+        try:
+            compile_ahead.compile_ahead({"c": dry("c", ValueError("dry run failed"))})
+        except ValueError as error:
+            outcome.append(str(error))
+
+    batch = threading.Thread(target=failing_batch, daemon=True)
+    batch.start()
+    batch.join(timeout=10)
+    assert outcome == ["dry run failed"] and "c" in compiled
 
 
 @pytest.mark.single_op
@@ -880,6 +946,9 @@ def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, g
         return apply(*args)
 
     monkeypatch.setattr(triton_chunk.ChunkGatedDeltaRuleFunction, "apply", counting_apply)
+    late = []
+    once_compiled = compile_ahead._build_launcher_once_compiled
+    monkeypatch.setattr(compile_ahead, "_build_launcher_once_compiled", lambda f: late.append(f) or once_compiled(f))
     before = sum(compiled_binaries(k) for k in kernels)
     # head counts and dims no other test uses: a kernel class new to this process
     inputs = make_inputs(gen, 150, 3, 9, 40, 40, N=2, dtype=torch.bfloat16)
@@ -889,6 +958,8 @@ def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, g
     after = sum(compiled_binaries(k) for k in kernels)
     assert counts["ahead"] > before, "nothing was compiled ahead"
     assert after == counts["ahead"], f"the call compiled {after - counts['ahead']} binaries after the dry run"
+    if compile_ahead._launchers_compile():  # this Triton's jit hands over each compile's source: none late
+        assert not late, f"{len(late)} launchers built only once their binary was"
 
 
 def first_call(gen, dtype=torch.bfloat16):
