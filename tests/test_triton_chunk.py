@@ -685,6 +685,30 @@ def test_qk_grads_runs_per_value_head_over_the_whole_key(final_state, gen, monke
     assert kwargs["BK"] == bk and grid[1:] == (128 // bk, 4), (grid, kwargs["BK"])
 
 
+@pytest.mark.single_op
+@pytest.mark.parametrize("final_state", [False, True])
+def test_qk_grads_writes_over_what_only_it_reads(final_state, gen, monkeypatch):
+    """At K = V = 128 in a training call (bf16 dh, the whole K in one program) qk_grads writes dq's and
+    dk's per-value-head parts over dh and dw over v_new (the backward's peak is there: three [T, HV, K]
+    tensors fewer); with a final state (fp32 dh in two K slices, each slice's program reading the whole
+    chunk of v_new) it writes them apart. The gradients are the fp64 recurrence's either way (packed, so
+    the chunks' blocks have padded rows too)."""
+    seen = {}
+    qk_grads = triton_chunk.qk_grads
+
+    def spying_qk_grads(q, k, v_new, h, dh, *rest):
+        parts, dw, dG = qk_grads(q, k, v_new, h, dh, *rest)
+        seen["parts over dh"] = parts.untyped_storage().data_ptr() == dh.untyped_storage().data_ptr()
+        seen["dw over v_new"] = dw.data_ptr() == v_new.data_ptr()
+        return parts, dw, dG
+
+    monkeypatch.setattr(triton_chunk, "qk_grads", spying_qk_grads)
+    inputs = make_inputs(gen, 150, 1, 2, 128, 128, N=2, dtype=torch.bfloat16)
+    tol = dict(tol=TOL[torch.bfloat16], tol_of=HALF_REDUCED_GRAD_TOL)
+    check_against_recurrence(gen, inputs, cu_seqlens=[0, 90, 150], l2norm=True, final_state=final_state, **tol)
+    assert seen == {"parts over dh": not final_state, "dw over v_new": not final_state}
+
+
 def compiled_binaries(kernel) -> int:
     caches = getattr(kernel, "device_caches", None)
     if caches is not None:  # Triton >= 3.3: device -> (kernel cache, key cache, target, backend, binder)

@@ -112,13 +112,12 @@ def _backward(
     dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
     dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
     del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
-    dq_parts, dk_parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+    # the parts may be written over dh and dw over v_new (qk_grads says where)
+    parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
     del h, dh, v_new
     rstd = (q_rstd, k_rstd) if saved.use_qk_l2norm_in_kernel else None
-    dq, dk, dv, dbeta, dg = wy_backward(
-        q, k, v, beta, gc, Ai, dw, dv, dq_parts, dk_parts, dG, rstd, plan, tiles, fp32_dot
-    )
-    del dq_parts, dk_parts
+    dq, dk, dv, dbeta, dg = wy_backward(q, k, v, beta, gc, Ai, dw, dv, parts, dG, rstd, plan, tiles, fp32_dot)
+    del parts, dw
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),

@@ -8,12 +8,19 @@ value head):
            exp(G_last) <S, dS> + sum_i k_i.(exp(G_last - G_i) dS v_new_i)
 
 S is the state entering the chunk, dS the gradient w.r.t. the state leaving it, dv the full value
-gradient from the backward state pass. dq and dk come out per value head, in k's dtype; the WY
-backward sums them over each query/key head's group. With the whole K in one slice (K <= 128), a
-program holds three [64, K] accumulators and reads v_new, do and dv once: summing the group in
-registers as well took five, which spilled at K = 128 and split K in two, each slice reading them and
-forming dP again. dG (w.r.t. the cumulative gate) is written per K slice; the WY backward adds the
-slices, its own part, and turns it into dg.
+gradient from the backward state pass. dq and dk come out per value head, in k's dtype, in blocks of
+PB elements per (chunk, value head), dq's [BT, K] rows first, then dk's; the WY backward sums them
+over each query/key head's group. With the whole K in one slice (K <= 128), a program holds three
+[64, K] accumulators and reads v_new, do and dv once: summing the group in registers as well took
+five, which spilled at K = 128 and split K in two, each slice reading them and forming dP again. dG
+(w.r.t. the cumulative gate) is written per K slice; the WY backward adds the slices, its own part,
+and turns it into dg.
+
+With the whole K in one slice a program is the only one to read its chunk's rows of v_new and its
+block of dS, and reads all of them before it writes (a barrier between). So where the two parts fit
+in a block of dS (K = V = 128 with dS in k's dtype, a training call's: exactly) they are written over
+it, and dw over v_new where both are [T, HV, K] in one dtype: three [T, HV, K] tensors fewer at the
+backward's peak, which is here.
 """
 
 from __future__ import annotations
@@ -39,8 +46,7 @@ def _qk_grads_kernel(
     gc,
     do,
     dv,
-    dq,
-    dk,
+    parts,
     dw,
     dG,
     cu_seqlens,
@@ -55,6 +61,7 @@ def _qk_grads_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     NK: tl.constexpr,
+    PB: tl.constexpr,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
 ):
@@ -99,6 +106,8 @@ def _qk_grads_kernel(
         dp += mma(do_t, tl.trans(vn), FP32_DOT)
         s_dot_ds += tl.sum(ST.to(tl.float32) * dST.to(tl.float32), 0)
 
+    # every warp's reads of v_new and dS are done before any warp writes over them
+    tl.debug_barrier()
     # q and k are loaded only now, to keep them out of the V loop's registers
     p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
     qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
@@ -115,8 +124,9 @@ def _qk_grads_kernel(
     dG_t = tl.sum(dq_g * qt.to(tl.float32), 1) - tl.sum(dk_g * kt.to(tl.float32), 1)
     dG_t += tl.where(o_t == last, dG_last, 0.0)
     tl.store(dG + (tok * HV + i_hv) * NK + i_k, dG_t, mask=mt)
-    tl.store(dq + p_hk, cast_as(dq_g, dq), mask=m_tk)
-    tl.store(dk + p_hk, cast_as(dk_g, dk), mask=m_tk)
+    part = (i_c * HV + i_hv).to(tl.int64) * PB + o_t[:, None] * K + o_k[None, :]
+    tl.store(parts + part, cast_as(dq_g, parts), mask=m_tk)
+    tl.store(parts + BT * K + part, cast_as(dk_g, parts), mask=m_tk)
 
 
 def qk_grads(
@@ -132,9 +142,11 @@ def qk_grads(
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dh is in k's dtype or fp32. -> (dq, dk [B, T, HV, K] per value head in k's dtype (dk without the
-    WY part), dw [B, T, HV, K] in k's dtype, dG [B, T, HV, NK] fp32 per K slice)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dh is in k's dtype or fp32. -> (dq and dk per value head in k's dtype, [num_chunks, HV, PB]: a
+    chunk's [BT, K] rows of dq, then of dk, in each block (dk without the WY part); dw [B, T, HV, K] in
+    k's dtype; dG [B, T, HV, NK] fp32 per K slice). The parts may be written over dh and dw over v_new
+    (the module's docstring says where): neither is to be read after."""
     B, T, H, K = q.shape
     HV, V = do.shape[2], do.shape[3]
     # an fp32 dh (a call that outputs its final state, or fp32 inputs) takes 64-column slices: the whole
@@ -142,9 +154,14 @@ def qk_grads(
     # (ptxas, sm_90; an H200 SM has 232,448)
     bk = tiles.qk_grads_bk if dh.dtype != torch.float32 else min(tiles.qk_grads_bk, 64)
     NK = cdiv(K, bk)
-    dq = torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
-    dk = torch.empty_like(dq)
-    dw = torch.empty_like(dq)
+    dh_block = K * V * dh.element_size() // k.element_size()  # a chunk's state gradient, in k's elements
+    if NK == 1 and dh_block >= 2 * CHUNK * K and dh.is_contiguous():
+        parts, PB = dh.view(-1).view(k.dtype).view(plan.num_chunks, HV, dh_block), dh_block
+    else:
+        PB = 2 * CHUNK * K
+        parts = torch.empty(plan.num_chunks, HV, PB, dtype=k.dtype, device=q.device)
+    over_v_new = NK == 1 and v_new.shape == (B, T, HV, K) and v_new.dtype == k.dtype and v_new.is_contiguous()
+    dw = v_new if over_v_new else torch.empty(B, T, HV, K, dtype=k.dtype, device=q.device)
     dG = torch.empty(B, T, HV, NK, dtype=torch.float32, device=q.device)
     with device_guard(q):
         launch(_qk_grads_kernel, (plan.num_chunks, NK, HV))(
@@ -156,8 +173,7 @@ def qk_grads(
             gc,
             do,
             dv,
-            dq,
-            dk,
+            parts,
             dw,
             dG,
             plan.cu_seqlens,
@@ -172,9 +188,10 @@ def qk_grads(
             BK=bk,
             BV=tiles.BV,
             NK=NK,
+            PB=PB,
             IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.dqkwg_warps, bk, tiles.BV),
             num_stages=tiles.num_stages,
         )
-    return dq, dk, dw, dG
+    return parts, dw, dG

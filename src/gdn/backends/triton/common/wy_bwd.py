@@ -40,8 +40,7 @@ def _wy_bwd_kernel(
     Ai,
     dw,
     dv,
-    dq_parts,
-    dk_parts,
+    parts,
     dq,
     dk,
     dbeta,
@@ -61,12 +60,14 @@ def _wy_bwd_kernel(
     BV: tl.constexpr,
     BKO: tl.constexpr,
     NK: tl.constexpr,
+    PB: tl.constexpr,
     IS_VARLEN,
     FP32_DOT: tl.constexpr,
     L2NORM: tl.constexpr,
 ):
-    """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; dq_parts and
-    dk_parts hold each value head's output/state part of the query and key gradients. dq and dk are
+    """dv holds du (the full value gradient of u) and is overwritten with the gradient of v; parts holds
+    each value head's output/state part of the query and key gradients, in qk_grads' blocks of PB
+    elements per (chunk, value head): dq's [BT, K] rows, then dk's. dq and dk are
     written in K slices of BKO; with L2NORM (BKO covers K) through the l2norm's backward, for which q
     and k are the normalised ones and q_rstd, k_rstd their rows' 1 / norm."""
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -141,9 +142,11 @@ def _wy_bwd_kernel(
     # dk = (dA b + (dA b)^T) k + sum over value heads of (their output/state part + diag(beta exp(G))
     # T^T dw); dq = sum over value heads of their part
     dAs = cast_as(dAs + tl.trans(dAs), k)
+    chunk_parts = parts + (i_c * HV).to(tl.int64) * PB
     for k0 in range(0, K, BKO):
         o_k = k0 + tl.arange(0, BKO)
         m_tk = mt[:, None] & (o_k < K)[None, :]
+        p_rk = o_t[:, None] * K + o_k[None, :]  # a chunk's rows in a block of the parts
         p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
         kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
         dk_t = mma(dAs, kt, FP32_DOT)
@@ -159,15 +162,14 @@ def _wy_bwd_kernel(
             # diag(beta exp(G)) T^T dw with the diagonal on T's columns: the product then adds into dk_t
             # in place (scaled afterwards it needs a [BT, BKO] fp32 tile of its own)
             dk_t += mma(cast_as(tl.trans(A.to(tl.float32) * (b * eG)[None, :]), k), dwt, FP32_DOT)
-            dk_t += tl.load(dk_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
+            dk_t += tl.load(chunk_parts + (i_hv * PB + BT * K) + p_rk, mask=m_tk, other=0.0).to(tl.float32)
         if L2NORM:
             dk_t = grad_rows(kt, dk_t, tl.load(k_rstd + tok * H + i_h, mask=mt, other=0.0))
         tl.store(dk + p_qk, cast_as(dk_t, dk), mask=m_tk)
         # dq after dk is stored, so that the two sums are not live together
         dq_t = tl.zeros([BT, BKO], dtype=tl.float32)
         for i_g in range(HV // H):
-            p_hk = (tok * HV + i_h * (HV // H) + i_g)[:, None] * K + o_k[None, :]
-            dq_t += tl.load(dq_parts + p_hk, mask=m_tk, other=0.0).to(tl.float32)
+            dq_t += tl.load(chunk_parts + (i_h * (HV // H) + i_g) * PB + p_rk, mask=m_tk, other=0.0).to(tl.float32)
         if L2NORM:
             qt = tl.load(q + p_qk, mask=m_tk, other=0.0)
             dq_t = grad_rows(qt, dq_t, tl.load(q_rstd + tok * H + i_h, mask=mt, other=0.0))
@@ -183,17 +185,16 @@ def wy_backward(
     Ai: torch.Tensor,
     dw: torch.Tensor,
     du: torch.Tensor,
-    dq_parts: torch.Tensor,
-    dk_parts: torch.Tensor,
+    parts: torch.Tensor,
     dG: torch.Tensor,
     rstd: tuple[torch.Tensor, torch.Tensor] | None,
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dq_parts, dk_parts: qk_grads' per value head; rstd: (q's, k's) 1 / norm per row where q and k are
-    the op's l2-normalised ones. -> (dq, dk [B, T, H, K] in q's and k's dtype, through the l2norm's
-    backward where rstd is given; dv (written over du), dbeta fp32, dg fp32)."""
+    """parts: qk_grads' dq and dk per value head ([num_chunks, HV, PB]); rstd: (q's, k's) 1 / norm per
+    row where q and k are the op's l2-normalised ones. -> (dq, dk [B, T, H, K] in q's and k's dtype,
+    through the l2norm's backward where rstd is given; dv (written over du), dbeta fp32, dg fp32)."""
     B, T, H, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     in_kernel = rstd is not None and tiles.wy_bwd_out_bk >= K
@@ -214,8 +215,7 @@ def wy_backward(
             Ai,
             dw,
             du,
-            dq_parts,
-            dk_parts,
+            parts,
             dq,
             dk,
             dbeta,
@@ -235,6 +235,7 @@ def wy_backward(
             BV=tiles.BV,
             BKO=tiles.wy_bwd_out_bk,
             NK=dG.shape[-1],
+            PB=parts.shape[-1],
             IS_VARLEN=int(plan.is_varlen),
             FP32_DOT=fp32_dot,
             L2NORM=in_kernel,
