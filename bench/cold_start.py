@@ -10,10 +10,10 @@ timed to a device synchronisation:
 - `backend`: loading the triton backend (Triton, the kernel modules, the driver's target);
 - `resolve`: gdn.resolve's decision for the op as the first call makes it, the numeric probe included
   (its cases take the call's class, so its first case compiles the binaries the call launches), and
-  `resolve: compiling ahead`, the part of it spent compiling the probe's binaries in one batch, and
-  `resolve: case <name>`, each probe case's comparison with eager (a case that compiles at its own
-  launches, what the batch should have compiled, shows here), split into its `eager` and `triton`
-  runs;
+  `resolve: compiling ahead`, the part of it spent compiling the probe's binaries in one batch (the
+  cases' eager references run meanwhile: `resolve: case <name>: eager`), and `resolve: case <name>`,
+  each probe case's run and comparison with its reference (a case that compiles at its own launches,
+  what the batch should have compiled, shows here; its triton run alone is `...: triton`);
 - `first fwd`, `first bwd`: the first call at (1, 8192, 16, 32, 128) bf16, l2norm in the kernel, and its
   backward (they compile the call's own binaries);
 - `again`: the same forward+backward once more (all compiled: the warm time);
@@ -231,9 +231,9 @@ def child_gdn(profile: bool = False) -> dict:
     cases: dict[str, float] = {}
     compare = numeric_probe._compare
 
-    def timed_compare(report, op, eager, fn, case, device):
+    def timed_compare(report, op, ref, fn, case, device):
         begun = time.perf_counter()
-        failure = compare(report, op, eager, fn, case, device)
+        failure = compare(report, op, ref, fn, case, device)
         torch.cuda.synchronize()
         cases[case.name] = round(time.perf_counter() - begun, 2)
         return failure

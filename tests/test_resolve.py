@@ -838,17 +838,28 @@ def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_i
     assert report.passed is False and report.reason.startswith("dense at K=16, V=16.out0: rel err")
 
 
-def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_running_any():
+def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_running_any(monkeypatch):
     """A backend that compiles ahead gets the validated calls of all the probe's cases it takes (its
-    refused ones left out) in one batch, before the first case runs: their binaries compile together."""
+    refused ones left out) in one batch, before the first case runs: their binaries compile together,
+    and the cases' eager references are computed by what it is handed to run meanwhile."""
     events = []
 
     def kernel(call):
         events.append(("run", call.shapes.K))
         return _eager_chunk(call)
 
-    def compile_ahead(op, calls):
+    def compile_ahead(op, calls, meanwhile):
         events.append(("ahead", op, [(c.shapes.K, c.cu_seqlens is None) for c in calls]))
+        meanwhile()
+        events.append("compiled")
+
+    collect = numeric_probe._collect
+
+    def collecting(op, fn, case, device):
+        events.append(("collect", "kernel" if fn is kernel else "reference"))
+        return collect(op, fn, case, device)
+
+    monkeypatch.setattr(numeric_probe, "_collect", collecting)
 
     def refuse_small(op, call):
         return None if call.shapes.K == 32 else f"takes K = 32 only, got K = {call.shapes.K}"
@@ -859,7 +870,8 @@ def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_
     gdn.set_compute_mode("good")
     assert resolver.resolve(OP, CPU).backend == "good"
     assert events[0] == ("ahead", OP, [(32, True), (32, False)])
-    assert len(events) == 3 and {e[0] for e in events[1:]} == {"run"}
+    assert events[1:4] == [("collect", "reference"), ("collect", "reference"), "compiled"]
+    assert events[4:] == [("collect", "kernel"), ("run", 32)] * 2
 
 
 def test_the_first_call_of_an_op_is_probed_in_its_own_class():

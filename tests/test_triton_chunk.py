@@ -770,7 +770,7 @@ def test_a_batch_dry_runs_every_call_of_a_class(monkeypatch, gen):
         == triton_chunk._dry_run_of(packed, triton_chunk._plan(packed))[0]
     )
     batches, stepped = [], []
-    monkeypatch.setattr(triton_chunk, "compile_ahead", batches.append)
+    monkeypatch.setattr(triton_chunk, "compile_ahead", lambda dry_runs, meanwhile: batches.append(dry_runs))
     monkeypatch.setattr(triton_chunk, "_dry_step", lambda call, plan, needs_grad: stepped.append(call))
     triton_chunk.compile_calls_ahead([dense, packed])
     (batch,) = batches
@@ -955,6 +955,42 @@ def test_compiles_start_once_every_dry_run_of_the_batch_is_done(monkeypatch):
 
 
 @pytest.mark.single_op
+def test_held_compiles_start_longest_source_first_with_meanwhile_beside_them(monkeypatch):
+    """The held compiles start in order of their kernel's source length, longest first (it ranks their
+    compile times; the longest one bounds the batch), whatever order the dry runs handed them over
+    in; and `meanwhile` runs while they compile, not after (here the first compile waits for it)."""
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
+    monkeypatch.setattr(compile_ahead, "_launchers_compile", lambda: False)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_workers", lambda: 1)  # one worker: compiles run in start order
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda *built: None)
+    order, meanwhile_ran = [], threading.Event()
+    waited = []
+
+    def compile_of(kernel):  # a JITFunction, as Triton's jit hands over, also where the kernel is interpreted
+        source = ASTSource(JITFunction(kernel.fn), {"x": "*fp32"})
+
+        def compile_fn():
+            if not order:
+                waited.append(meanwhile_ran.wait(timeout=5))
+            order.append(source.name)
+            return _Binary(source)
+
+        return compile_fn
+
+    def dry():
+        for kernel in (triton_l2norm._l2norm_fwd_kernel, wy_bwd._wy_bwd_kernel, qk_grads._qk_grads_kernel):
+            _ThreadedCompileMode.active.submit(kernel.fn.__name__, compile_of(kernel))
+
+    compile_ahead.compile_ahead({"a": dry}, meanwhile_ran.set)
+    assert order == ["_wy_bwd_kernel", "_qk_grads_kernel", "_l2norm_fwd_kernel"]
+    assert waited == [True]
+
+
+@pytest.mark.single_op
 @pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
 def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, gen):
     """The first forward+backward of a new kernel class compiles its binaries ahead (in parallel),
@@ -1002,7 +1038,7 @@ def probe_calls(like) -> list:
     the probe hands them to compile_ahead, before it runs any)."""
     handed: list = []
 
-    def grab(calls):
+    def grab(calls, meanwhile):
         handed.extend(calls)
         raise _CasesHandedOverError
 

@@ -296,7 +296,7 @@ def probe_op(
     refusal: Callable[[Any], str | None] | None = None,
     outside_limits: tuple[int, int] | None = None,
     eager: Callable | None = None,
-    compile_ahead: Callable[[list[Any]], None] | None = None,
+    compile_ahead: Callable[[list[Any], Callable[[], object]], None] | None = None,
 ) -> ProbeReport:
     """`like` is the call that asked for the op: the gated-delta cases take its class (probe_class),
     except that `dtype` and `head_dims`, where given, are what the backend takes and win (with the
@@ -307,7 +307,8 @@ def probe_op(
     the first case again at head dims outside the backend's limits: refused there, the refusal is on
     record (a call of that shape never reaches the kernel); taken, it is compared like any case.
     `eager` is the reference implementation (default: the eager backend's). `compile_ahead` receives
-    the validated calls of every case the backend takes, once, before any case runs."""
+    the validated calls of every case the backend takes, once, before any case runs, and a function
+    that computes every case's eager reference, to run while the backend's binaries compile."""
     if eager is None:
         from gdn.backends.eager import EAGER
 
@@ -342,10 +343,17 @@ def probe_op(
             report.refused[case.name] = why
         else:
             taken.append((case, call))
+    refs: dict[str, dict[str, torch.Tensor]] = {}
+
+    def references() -> None:
+        refs.update((case.name, _collect(op, eager, case, device)) for case, _ in taken)
+
     if compile_ahead is not None and taken:
-        compile_ahead([call for _, call in taken])
+        compile_ahead([call for _, call in taken], references)
+    else:
+        references()
     for case, _ in taken:
-        failure = _compare(report, op, eager, fn, case, device)
+        failure = _compare(report, op, refs[case.name], fn, case, device)
         if failure is not None:
             report.passed, report.reason = False, failure
             return report
@@ -356,10 +364,10 @@ def probe_op(
 
 
 def _compare(
-    report: ProbeReport, op: str, eager: Callable, fn: Callable, case: Case, device: torch.device
+    report: ProbeReport, op: str, ref: dict[str, torch.Tensor], fn: Callable, case: Case, device: torch.device
 ) -> str | None:
-    """Run one case through fn and eager; record each output's error; the first failure, or None."""
-    ref = _collect(op, eager, case, device)
+    """Run one case through fn and compare with its eager reference `ref`; record each output's error;
+    the first failure, or None."""
     try:
         got = _collect(op, fn, case, device)
     except Exception as exc:

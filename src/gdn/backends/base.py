@@ -53,9 +53,10 @@ class Backend:
     # (K, V) outside the limits the backend refuses: its probe also tries a case there, which must be
     # refused (on record) or else computed right
     probe_outside_limits: tuple[int, int] | None = None
-    # (op, validated calls) -> None: compiles, together, the binaries those calls will launch (the
-    # numeric probe hands over all its cases before running them); None where nothing compiles ahead
-    compile_ahead: Callable[[str, list[Call]], None] | None = None
+    # (op, validated calls, meanwhile) -> None: compiles, together, the binaries those calls will launch
+    # (the numeric probe hands over all its cases before running them), running `meanwhile` (the
+    # probe's eager references) while they compile; None where nothing compiles ahead
+    compile_ahead: Callable[[str, list[Call], Callable[[], object]], None] | None = None
     _load_error: str | None = field(default=None, init=False, repr=False)
 
     def _table(self) -> OpTable | None:

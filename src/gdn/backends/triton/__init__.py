@@ -8,6 +8,8 @@ missing or broken Triton is a rejection reason, not an import error of gdn.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gdn.backends.base import Backend, OpTable, describe_error
 from gdn.backends.triton._common import INTERPRET_ENV, flavour, is_interpreting
 
@@ -80,11 +82,13 @@ def _load() -> OpTable:
     }
 
 
-def _compile_ahead(op: str, calls: list) -> None:
+def _compile_ahead(op: str, calls: list, meanwhile: Callable[[], object]) -> None:
     if op == "chunk_gated_delta_rule":  # the one op of many kernels, each compiled per kernel class
         from gdn.backends.triton.chunk import compile_calls_ahead
 
-        compile_calls_ahead(calls)
+        compile_calls_ahead(calls, meanwhile)
+    else:
+        meanwhile()
 
 
 def _route(op: str) -> str:

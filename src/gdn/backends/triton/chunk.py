@@ -14,6 +14,7 @@ per token and head) and the initial state.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -226,17 +227,18 @@ def _dry_run_of(call: GdnCall, plan: ChunkPlan) -> tuple[tuple, functools.partia
     return _kernel_class(call, needs_grad), functools.partial(_dry_step, call, plan, needs_grad)
 
 
-def compile_calls_ahead(calls: list[GdnCall]) -> None:
+def compile_calls_ahead(calls: list[GdnCall], meanwhile: Callable[[], object] | None = None) -> None:
     """Compile, in one parallel batch, the forward's and (where gradients will be taken) backward's
     binaries of every kernel class among the calls not compiled before. A class's dry run makes the
     dry steps of all its calls in the batch (a dense and a packed call, the numeric probe's cases): on
     the H200 a dense probe case compiled binaries at its launches when only the packed case of its
-    class had been dry-run, which the interpreter's specializations do not show."""
+    class had been dry-run, which the interpreter's specializations do not show. `meanwhile` runs while
+    they compile (compile_ahead)."""
     steps: dict[tuple, list[functools.partial]] = {}
     for call in calls:
         kernel_class, step = _dry_run_of(call, _plan(call))
         steps.setdefault(kernel_class, []).append(step)
-    compile_ahead({kernel_class: functools.partial(_each, found) for kernel_class, found in steps.items()})
+    compile_ahead({kernel_class: functools.partial(_each, found) for kernel_class, found in steps.items()}, meanwhile)
 
 
 def _each(steps: list[functools.partial]) -> None:
