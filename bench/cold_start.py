@@ -220,9 +220,9 @@ def child_gdn(profile: bool = False) -> dict:
     ahead: list[float] = []
     batch = triton_chunk.compile_ahead
 
-    def timed_compile_ahead(dry_runs):
+    def timed_compile_ahead(dry_runs, meanwhile=None):
         begun = time.perf_counter()
-        batch(dry_runs)
+        batch(dry_runs, meanwhile)
         ahead.append(time.perf_counter() - begun)
 
     triton_chunk.compile_ahead = timed_compile_ahead
