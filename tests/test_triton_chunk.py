@@ -991,6 +991,58 @@ def test_held_compiles_start_longest_source_first_with_meanwhile_beside_them(mon
 
 
 @pytest.mark.single_op
+def test_held_compiles_run_their_front_ends_one_at_a_time_in_turn(monkeypatch):
+    """The front ends of a batch's compiles (Triton's code generator, which holds the interpreter's lock)
+    run one at a time, longest kernel source first, while the rest of each compile runs in parallel;
+    a compile that needs no front end (its binary was in Triton's cache) gives up its turn; afterwards
+    each source is left without the batch's gate."""
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    monkeypatch.setattr(compile_ahead, "_async_compile_mode", lambda: _ThreadedCompileMode)
+    monkeypatch.setattr(compile_ahead, "_launchers_compile", lambda: False)
+    monkeypatch.setattr(compile_ahead, "_done", set())
+    monkeypatch.setattr(compile_ahead, "_workers", lambda: 4)
+    monkeypatch.setattr(compile_ahead, "_build_launcher", lambda *built: None)
+    log, sources = [], []
+
+    def compile_of(kernel, cached=False):
+        source = ASTSource(JITFunction(kernel.fn), {"x": "*fp32"})
+        sources.append(source)
+
+        def make_ir(*args):  # stands in for Triton's code generator
+            log.append(("in", source.name))
+            time.sleep(0.05)
+            log.append(("out", source.name))
+
+        source.make_ir = make_ir
+
+        def compile_fn():
+            if not cached:
+                source.make_ir()
+            time.sleep(0.1)  # the lowering
+            return _Binary(source)
+
+        return compile_fn
+
+    def dry():
+        for kernel, cached in (
+            (triton_l2norm._l2norm_fwd_kernel, False),
+            (wy._prepare_kernel, True),
+            (qk_grads._qk_grads_kernel, False),
+            (wy_bwd._wy_bwd_kernel, False),
+        ):
+            _ThreadedCompileMode.active.submit(kernel.fn.__name__, compile_of(kernel, cached))
+
+    batch = threading.Thread(target=compile_ahead.compile_ahead, args=({"a": dry},), daemon=True)
+    batch.start()
+    batch.join(timeout=10)
+    names = ["_wy_bwd_kernel", "_qk_grads_kernel", "_l2norm_fwd_kernel"]
+    assert log == [(side, name) for name in names for side in ("in", "out")]
+    assert all("make_ir" not in vars(source) for source in sources)
+
+
+@pytest.mark.single_op
 @pytest.mark.skipif(is_interpreting(), reason="needs compiled kernels (a CUDA device)")
 def test_first_call_of_a_kernel_class_finds_its_binaries_compiled(monkeypatch, gen):
     """The first forward+backward of a new kernel class compiles its binaries ahead (in parallel),
