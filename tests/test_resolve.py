@@ -838,6 +838,26 @@ def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_i
     assert report.passed is False and report.reason.startswith("dense at K=16, V=16.out0: rel err")
 
 
+def test_probe_without_compile_ahead_computes_each_reference_only_for_a_case_it_runs(monkeypatch):
+    """With nothing compiling meanwhile, a case's eager reference is computed when the case runs: a
+    backend that fails its first case costs one reference, not one per case."""
+    events = []
+    collect = numeric_probe._collect
+
+    def collecting(op, fn, case, device):
+        events.append("reference" if fn is _eager_chunk else "kernel")
+        return collect(op, fn, case, device)
+
+    monkeypatch.setattr(numeric_probe, "_collect", collecting)
+
+    def doubled(call):
+        return tuple(None if t is None else t * 2 for t in _eager_chunk(call))
+
+    report = numeric_probe.probe_op(OP, doubled, CPU, eager=_eager_chunk)
+    assert not report.passed and "rel err" in report.reason, report.reason
+    assert events == ["reference", "kernel"]
+
+
 def test_probe_hands_every_taken_case_to_the_backends_compile_ahead_once_before_running_any(monkeypatch):
     """A backend that compiles ahead gets the validated calls of all the probe's cases it takes (its
     refused ones left out) in one batch, before the first case runs: their binaries compile together,

@@ -154,9 +154,10 @@ class _HeldCompiles:
         self.pool = pool
         self.held: list[tuple[Future, Callable[[], object]]] = []
 
-    def submit(self, fn: Callable[..., object], /, *args: object, **kwargs: object) -> Future:
+    def submit(self, compile_fn: Callable[[], object]) -> Future:
+        """What Triton's compile mode calls with each compile (a closure over the kernel's source)."""
         future: Future = Future()
-        self.held.append((future, functools.partial(fn, *args, **kwargs) if args or kwargs else fn))
+        self.held.append((future, compile_fn))
         return future
 
     def start(self) -> list[Future]:
