@@ -30,7 +30,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, split_slice, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma, within
 from gdn.backends.triton.launch import launch
 
 
@@ -66,7 +66,7 @@ def _fwd_update(
     """A chunk of n rows, the pointers at its first -> (v_new = u - w S on it, the state leaving it);
     u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
-    mk = o_k < K
+    mk = within(o_k, K, KP)
     rows, mt, G, G_last = _gates(gc, n, HV, BT)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
     u_t = tl.load(u + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_u[None, :], other=0.0)
@@ -92,14 +92,15 @@ def _fwd_step(
     V: tl.constexpr,
     BT: tl.constexpr,
     KP: tl.constexpr,
+    BV: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
     leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
     overflows a 32-bit offset)."""
     o_k = tl.arange(0, KP)
-    mv = o_v < V
-    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=(o_k < K)[:, None] & mv[None, :])
+    mv = within(o_v, V, BV)
+    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
     v_new, S = _fwd_update(S, k, w, u, gc, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
     rows = tl.arange(0, BT)
     p_u = u + rows[:, None] * HV * V + o_v[None, :]
@@ -157,11 +158,11 @@ def _state_fwd_kernel(
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT)
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT)
+            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT)
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -365,7 +366,7 @@ def _bwd_update(
     """A chunk of n rows, the pointers at its first -> (dv on it, the gradient w.r.t. the state entering
     it); do and the local dv (columns o_v) read where m_in."""
     o_k = tl.arange(0, KP)
-    mk = o_k < K
+    mk = within(o_k, K, KP)
     rows, mt, G, G_last = _gates(gc, n, HV, BT)
     m_tv = mt[:, None] & m_in[None, :]
     m_kt = mk[:, None] & mt[None, :]
@@ -398,13 +399,14 @@ def _bwd_step(
     V: tl.constexpr,
     BT: tl.constexpr,
     KP: tl.constexpr,
+    BV: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """One chunk, in reverse order, pointers as in _fwd_step -> the gradient w.r.t. the state entering
     it and the pointers moved to the chunk before."""
     o_k = tl.arange(0, KP)
-    mv = o_v < V
-    tl.store(dh + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=(o_k < K)[:, None] & mv[None, :])
+    mv = within(o_v, V, BV)
+    tl.store(dh + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=within(o_k, K, KP)[:, None] & mv[None, :])
     dv_t, dS = _bwd_update(dS, q, k, w, gc, do, dv, scale, n, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT)
     rows = tl.arange(0, BT)
     tl.store(dv + rows[:, None] * HV * V + o_v[None, :], cast_as(dv_t, dv), mask=(rows < n)[:, None] & mv[None, :])
@@ -480,13 +482,13 @@ def _state_bwd_kernel(
         i_t = NT - 1
         while i_t >= 0:
             dS, q, k, w, gc, do, dv, dh = _bwd_step(
-                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT
+                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT
             )
             i_t -= 1
     else:
         for i_t in range(NT - 1, -1, -1):
             dS, q, k, w, gc, do, dv, dh = _bwd_step(
-                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, FP32_DOT
+                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT
             )
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, dS, mask=m_kv)

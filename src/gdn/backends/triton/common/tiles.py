@@ -51,6 +51,16 @@ def masked_exp(x, mask):
 
 
 @triton.jit
+def within(o, N: tl.constexpr, BLOCK: tl.constexpr):
+    """o < N for the offsets o of a block of BLOCK. Where blocks of BLOCK tile N exactly, a constant
+    true block: a bound the compiler cannot see through (a program's V slice) otherwise predicates every
+    store of the tile and keeps the state passes' stores apart from their products."""
+    if N % BLOCK == 0:
+        return tl.full([BLOCK], 1, tl.int1)
+    return o < N
+
+
+@triton.jit
 def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN):
     """Program i_c -> (chunk index within its sequence, first token of the sequence, its length).
 
