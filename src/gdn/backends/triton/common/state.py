@@ -383,9 +383,11 @@ def _bwd_update(
     dv_t = mma(kt, cast_as(dS, k), FP32_DOT) * masked_exp(G_last - G, mt)[:, None]
     dv_t += tl.load(dv + rows[:, None] * HV * V + o_v[None, :], mask=m_tv, other=0.0).to(tl.float32)
     qT = tl.load(q + rows[None, :] * H * K + o_k[:, None], mask=m_kt, other=0.0)
-    qT = cast_as(qT.to(tl.float32) * (scale * masked_exp(G, mt))[None, :], k)
     wT = tl.load(w + rows[None, :] * HV * K + o_k[:, None], mask=m_kt, other=0.0)
     do_t = tl.load(do + rows[:, None] * HV * V + o_v[None, :], mask=m_tv, other=0.0)
+    # each row's factor scale exp(G) on do's [BT, BV] rows rather than on q's [K, BT] columns: a quarter
+    # of the elements at BV = 32, and q goes to the product as loaded
+    do_t = cast_as(do_t.to(tl.float32) * (scale * masked_exp(G, mt))[:, None], k)
     return dv_t, dS * tl.exp(G_last) + mma(qT, do_t, FP32_DOT) - mma(wT, cast_as(dv_t, k), FP32_DOT)
 
 
