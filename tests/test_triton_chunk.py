@@ -388,25 +388,27 @@ def usage(K, V, H, HV, dtype):
     return found
 
 
-def async_copy_bytes(launch):  # the byte count of every global-to-shared async copy in its PTX
+def ptx_of(launch):  # its sm_90 PTX
     signature, constexprs, attrs, options = specialize(*launch)
     source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
-    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    return [int(n, 16) for n in re.findall(r"cp\\.async\\.\\w+\\.shared\\.global[^;]*, (0x[0-9a-f]+)", ptx)]
+    return compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 
-def unpredicated_stores(launch):  # global stores in its PTX that no predicate guards
-    signature, constexprs, attrs, options = specialize(*launch)
-    source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
-    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    return len(re.findall(r"^\\s*st\\.global", ptx, re.M))
+def async_copy_bytes(launch):  # the byte count of every global-to-shared async copy
+    return [int(n, 16) for n in re.findall(r"cp\\.async\\.\\w+\\.shared\\.global[^;]*, (0x[0-9a-f]+)", ptx_of(launch))]
+
+
+def unpredicated_stores(launch):  # global stores that no predicate guards
+    return len(re.findall(r"^\\s*st\\.global", ptx_of(launch), re.M))
 
 
 def waits_before_storing(launch):  # the loop waits for its loads before its first store of the state
-    signature, constexprs, attrs, options = specialize(*launch)
-    source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
-    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+    ptx = ptx_of(launch)
     return ptx.index("cp.async.wait_group") < re.search(r"^\\s*(@%p\\d+\\s+)?st\\.global", ptx, re.M).start()
+
+
+def widened(launch):  # bf16 -> fp32 conversions (one a thread and element)
+    return len(re.findall(r"cvt\\.f32\\.bf16", ptx_of(launch)))
 
 
 RESULT["bf16 K=128"] = usage(128, 128, 4, 8, torch.bfloat16)
@@ -416,13 +418,6 @@ RESULT["waits before storing"] = {
     for args, kwargs in getattr(state, name).launches[:1]
     for BV in (32, 64)
 }
-def widened(launch):  # bf16 -> fp32 conversions in its PTX (one a thread and element)
-    signature, constexprs, attrs, options = specialize(*launch)
-    source = ASTSource(launch[0], signature, constexprs=constexprs, attrs=attrs)
-    ptx = compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
-    return len(re.findall(r"cvt\\.f32\\.bf16", ptx))
-
-
 for args, kwargs in state._state_bwd_kernel.launches[:1]:
     RESULT["backward widened"] = widened((kernels["_state_bwd_kernel"], args, dict(kwargs, BV=32, num_warps=4)))
 RESULT["unpredicated stores"] = {

@@ -105,9 +105,8 @@ def _fwd_step(
     # took 12% longer (one sequence of 8,192 or 32,768 tokens); with 64 the gates first took 1-3% longer.
     if BV <= 32:
         rows, mt, G, G_last = _gates(gc, n, HV, BT)
-        tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
-    else:
-        tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
+    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
+    if BV > 32:
         rows, mt, G, G_last = _gates(gc, n, HV, BT)
     v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
     p_u = u + rows[:, None] * HV * V + o_v[None, :]
