@@ -21,7 +21,10 @@ set-up (the slot checks, q and k) is paid once per more state. On the H200 (2026
 bench/results/decode-walks4-2026-12-03.json) walks of four 64-column slices (both value heads of a q/k
 head) took an fp32 pool 0.290 ms and a bf16 one 0.174 ms, against 0.305 / 0.181 for walks of two in the
 same run: 1.67x, not the 2x a bf16 pool's bytes allow (ncu of the walk: issue-latency bound, and per state
-element a bf16 walk executes about as many instructions as an fp32 one; bench/NOTES.md).
+element a bf16 walk executes about as many instructions as an fp32 one; bench/NOTES.md). Taking the
+loaded tile as it is and scaling the column sums by the decay cut a slice's loop 1381 -> 1269 instructions
+(bf16) and 680 -> 631 (fp32), and took the bf16 pool to 0.170 ms (0.048 at B = 64), the fp32 one
+unchanged at 0.289 (2026-12-04, decode-loaded-state-ab-2026-12-04.json): 1.70x.
 
 The token count is a runtime argument that Triton does not specialize, and no other argument changes
 with it (token offsets are computed in the kernel from constexpr head counts and dims), so a new
@@ -169,11 +172,12 @@ def _token_update(
     `fill` where the row is not served (`live` false)."""
     mask_v = o_v < V
     b_v = tl.load(v_ptr + (t * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
-    h = h * decay
-    hk = tl.sum(h * b_k[:, None], 0)
-    hq = tl.sum(h * b_q[:, None], 0)
+    # the decay scales the two column sums rather than the tile before them: the same products,
+    # without a decayed copy of the tile live beside the loaded one
+    hk = tl.sum(h * b_k[:, None], 0) * decay
+    hq = tl.sum(h * b_q[:, None], 0) * decay
     b_u = b_beta * (b_v - hk)
-    h += b_k[:, None] * b_u[None, :]
+    h = h * decay + b_k[:, None] * b_u[None, :]
     b_o = tl.where(live, hq + qk * b_u, fill)
     tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as(b_o, o_ptr), mask=mask_v)
     return h
@@ -349,9 +353,12 @@ def _recurrent_kernel(
         mask_load = load_k[:, None] & (o_v < V)[None, :]
         mask_h = mask_k[:, None] & (o_v < V)[None, :]
         p_h = o_k[:, None] * stride_hk + o_v[None, :] * stride_hv  # within one slot and head: 32-bit
-        h = tl.zeros([BK, BV], dtype=tl.float32)
+        # loaded as it is, not added to zeros: 0 + x is not x for x = -0.0, so that add stays in the
+        # binary, one instruction per state element
         if HAS_H0:
-            h += tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
+            h = tl.load(h0_ptr + state_base + p_h, mask=mask_load, other=0.0).to(tl.float32)
+        else:
+            h = tl.zeros([BK, BV], dtype=tl.float32)
         if ONE_TOKEN:
             # served or not, the row runs its step (a branch would stop the pipelining); an unserved
             # row writes `fill` and its state is never stored
