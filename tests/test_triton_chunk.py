@@ -302,6 +302,59 @@ def test_split_state_passes_in_half_precision(final_state, gen, monkeypatch):
     )
 
 
+OUTPUT_CASES = [  # (sequence bounds or None for a dense batch of 2, T, chunks per segment or 0: whole)
+    (None, 150, 0),
+    ([0, 1, 65, 130], 130, 0),
+    ([0, 1, 65, 200], 200, 1),
+    (None, 200, 2),
+]
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(("bounds", "T", "chunks"), OUTPUT_CASES, ids=["dense", "packed", "packed-split", "split"])
+def test_state_pass_writes_the_output_kernels_output_bit_for_bit(bounds, T, chunks, gen, monkeypatch):
+    """The forward's state pass writing the output as it goes (`state.writes_output`) gives the output
+    and final state of the state pass that stores h and v_new followed by the output kernel, bit for
+    bit (the same products on the same roundings), dense and packed, over whole and split sequences;
+    and it launches no output kernel."""
+    if chunks:
+        split_every(monkeypatch, chunks)
+    base = dict(config.OVERRIDES)
+    N = 2 if bounds is None else len(bounds) - 1
+    inputs = make_inputs(gen, T, 1, 2, 32, 48, B=2 if bounds is None else 1, N=N, dtype=torch.bfloat16)
+    q, k, v, g, beta, h0 = (x.to(DEVICE) for x in inputs)
+    cu = None if bounds is None else torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    kwargs = dict(initial_state=h0, output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, scale=0.3)
+    results, launched = [], []
+    for fused in (16, 0):
+        monkeypatch.setattr(config, "OVERRIDES", {**base, "output_in_state_bv": fused})
+        with torch.no_grad():
+            results.append(triton_op(q, k, v, g, beta, **kwargs))
+        launches = Launches(monkeypatch)
+        with torch.no_grad():
+            triton_op(q, k, v, g, beta, **kwargs)
+        launched.append({kernel.fn.__name__ for kernel, *_ in launches.calls})
+        monkeypatch.undo()  # the recorders out again (and the overrides)
+        if chunks:
+            split_every(monkeypatch, chunks)
+    (o_fused, ht_fused), (o_apart, ht_apart) = results
+    assert torch.isfinite(o_apart.float()).all() and o_apart.float().abs().max() > 0
+    assert torch.equal(o_fused, o_apart)
+    assert torch.equal(ht_fused, ht_apart)
+    assert "_output_kernel" not in launched[0] and "_output_kernel" in launched[1], launched
+    assert ("_state_fwd_summary_kernel" in launched[0]) == bool(chunks), launched
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize("l2norm", [False, True])
+def test_output_kernel_path_matches_fp64_recurrence(l2norm, gen, monkeypatch):
+    """The forward that leaves the output to its own kernel (GPU slices narrower than
+    tiles.output_in_state_bv; under the interpreter only where set)."""
+    monkeypatch.setattr(config, "OVERRIDES", {"output_in_state_bv": 0})
+    inputs = make_inputs(gen, 100, 1, 2, 64, 48, dtype=torch.bfloat16)
+    check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL)
+
+
 @pytest.mark.single_op
 def test_packed_segments_tables():
     """Segments of two chunks over sequences of 0, 70, 230 and 30 tokens: one (empty) segment, one, two
@@ -411,18 +464,22 @@ def widened(launch):  # bf16 -> fp32 conversions (one a thread and element)
     return len(re.findall(r"cvt\\.f32\\.bf16", ptx_of(launch)))
 
 
+def storing_h(name):  # the first launch of a state pass that stores the state per chunk (h or dh)
+    return next((args, kwargs) for args, kwargs in getattr(state, name).launches if not kwargs.get("OUTPUT"))
+
+
 RESULT["bf16 K=128"] = usage(128, 128, 4, 8, torch.bfloat16)
+RESULT["output in the forward"] = sorted({kwargs["OUTPUT"] for _, kwargs in state._state_fwd_kernel.launches})
 RESULT["waits before storing"] = {
     f"{name} BV={BV}": waits_before_storing((kernels[name], args, dict(kwargs, BV=BV)))
     for name in ("_state_fwd_kernel", "_state_bwd_kernel")
-    for args, kwargs in getattr(state, name).launches[:1]
+    for args, kwargs in [storing_h(name)]
     for BV in (32, 64)
 }
 for args, kwargs in state._state_bwd_kernel.launches[:1]:
     RESULT["backward widened"] = widened((kernels["_state_bwd_kernel"], args, dict(kwargs, BV=32, num_warps=4)))
 RESULT["unpredicated stores"] = {
-    name: unpredicated_stores((kernels[name], *getattr(state, name).launches[0]))
-    for name in ("_state_fwd_kernel", "_state_bwd_kernel")
+    name: unpredicated_stores((kernels[name], *storing_h(name))) for name in ("_state_fwd_kernel", "_state_bwd_kernel")
 }
 combines = state._state_combine_kernel.launches  # still the recorder of the call above
 RESULT["combine copies"] = sorted(
@@ -468,16 +525,22 @@ def test_state_kernels_compile_for_hopper():
         "_state_bwd_kernel BV=32": True,
         "_state_bwd_kernel BV=64": True,
     }
+    # at K = 128 the forward's pass writes the output (64-column slices) and the backward's recomputes
+    # h: two binaries; at K = 256 the output's tiles would not fit beside the pass's, so one
+    assert result.pop("output in the forward") == [0, 1]
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     plain = {"_state_fwd_kernel", "_state_bwd_kernel"}
     assert set(result["bf16 K=128"]) == plain | split
     assert set(result["bf16 K=256"]) == set(result["fp32 K=256"]) == plain
     for case, usage in result.items():
         binaries = {name: len(found) for name, found in usage.items()}
-        assert binaries == {name: 2 if name == "_state_combine_kernel" else 1 for name in usage}, (case, binaries)
+        two = {"_state_combine_kernel"} | ({"_state_fwd_kernel"} if case == "bf16 K=128" else set())
+        assert binaries == {name: 2 if name in two else 1 for name in usage}, (case, binaries)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
-    allowed = {"_state_combine_kernel": 16}
+    # the forward writing the output spills 16 bytes (ptxas, sm_90): four registers stored before its
+    # chunk loop and loaded after it, for the final state's store (none inside the loop)
+    allowed = {"_state_combine_kernel": 16, "_state_fwd_kernel": 16}
     spills = {
         n: u for n, b in result["bf16 K=128"].items() for u in b.values() if (u["spill_bytes"] or 0) > allowed.get(n, 0)
     }
@@ -486,7 +549,7 @@ def test_state_kernels_compile_for_hopper():
 
 STAGES_SCENARIO = """
 from gdn.backends.triton import chunk, l2norm
-from gdn.backends.triton.common import output, qk_grads, state, wy, wy_bwd
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd
 from gdn.calls import PREPARE
 
 chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
@@ -513,6 +576,9 @@ def usage(dtype, final_state):
         o, final, kept, saved = chunk._forward(*chunk._arguments(call, chunk._plan(call)))
         dht = torch.empty_like(final) if final_state else None
         chunk._backward(kept, saved, torch.empty_like(o), dht, True)
+        config.OVERRIDES["output_in_state_bv"] = 0  # the forward with its output kernel too
+        chunk._forward(*chunk._arguments(call, chunk._plan(call)))
+        config.OVERRIDES.clear()
     found = {}
     for (m, name), f in kernels.items():
         for args, kwargs in getattr(m, name).launches:
@@ -665,7 +731,8 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
         for kernel, _, args, kwargs, _ in launches.calls:
             keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
     first = keys[LENGTHS[0]]
-    assert len([name for name in first if "l2norm" not in name]) == (11 if split else 8)
+    # the interpreter's tiles write the output in the forward's state pass: no output kernel
+    assert len([name for name in first if "l2norm" not in name]) == (10 if split else 7)
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
@@ -696,8 +763,9 @@ def test_a_dense_and_a_packed_call_launch_the_same_binaries(monkeypatch, gen):
         keys.append({(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls})
     dense, packed_keys = keys
     names = {name for name, _ in dense}
-    # nine kernels: at K <= 128 the l2norm's backward runs inside the WY backward
-    assert len(names) == 9 and "_l2norm_bwd_kernel" not in names, sorted(names)
+    # eight kernels: at K <= 128 the l2norm's backward runs inside the WY backward, and the forward's
+    # state pass writes the output (the interpreter's slices: every one)
+    assert len(names) == 8 and "_l2norm_bwd_kernel" not in names, sorted(names)
     apart = sorted({name for name, _ in dense ^ packed_keys})
     assert not apart, f"a dense and a packed call launch different binaries of {apart}"
 
@@ -799,7 +867,7 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     o, final = triton_chunk.chunk_gated_delta_rule(call)
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
-    assert len(real) == 12 and dry == real  # 6 launches forward, 6 backward
+    assert len(real) == 11 and dry == real  # 5 launches forward (the state pass writes o), 6 backward
 
 
 @pytest.mark.single_op
@@ -1210,7 +1278,11 @@ def test_many_sequences_stay_within_launch_limits(monkeypatch):
     chunk_kernels = {kernel for kernel, _, _, _, _ in launches.calls if "l2norm" not in kernel.fn.__name__}
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     names = {kernel.fn.__name__ for kernel in chunk_kernels}
-    assert len(names - split) == 8 and names & split == (set() if is_interpreting() else split), names
+    # the output kernel runs where the state slices are narrower than tiles.output_in_state_bv (the GPU's
+    # 16 columns here, V = 16), not under the interpreter, whose state passes write the output
+    assert ("_output_kernel" in names) != is_interpreting(), names
+    assert len(names - split - {"_output_kernel"}) == 7, names
+    assert names & split == (set() if is_interpreting() else split), names
     for kernel, grid, _, _, _ in launches.calls:
         assert grid[0] < 2**31 and all(axis <= 65535 for axis in grid[1:]), (kernel.fn.__name__, grid)
         if kernel in chunk_kernels:

@@ -1,7 +1,8 @@
 """`chunk_gated_delta_rule` of the triton backend: the chunked WY algorithm (docs/design.md) as a chain
 of Triton kernels, one module per stage under `common/`.
 
-Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -> output.
+Forward: l2norm (optional) -> gate cumsum and (I + A)^-1 -> w, u -> state pass -> output (where the
+state pass runs wide slices, it writes the output itself: `state.writes_output`).
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
 are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk (per
 value head), dw and the gate gradient per chunk -> WY backward (dq and dk summed over each group and
@@ -24,7 +25,7 @@ from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, split_sequen
 from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
-from gdn.backends.triton.common.state import state_backward, state_forward
+from gdn.backends.triton.common.state import state_backward, state_forward, state_forward_output, writes_output
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.compile_ahead import compile_ahead
@@ -87,11 +88,17 @@ def _forward(
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
     w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, final_state, _ = state_forward(
-        k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, _fp32_dot(torch.float32)
-    )
-    del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
-    o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
+    exact_dot = _fp32_dot(torch.float32)
+    if writes_output(tiles, plan, HV, v.shape[3], k.device):
+        o, final_state = state_forward_output(
+            q, k, w, u, gc, initial_state, output_final_state, scale, v.dtype, plan, tiles, fp32_dot, exact_dot
+        )
+    else:
+        h, v_new, final_state, _ = state_forward(
+            k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, exact_dot
+        )
+        del w, u  # u is v_new now; w ([T, HV, K]) is not read again: free it before o is allocated
+        o = chunk_output(q, k, v_new, h, gc, scale, v.dtype, plan, tiles, fp32_dot)
     kept = (q, k, v, beta, gc, Ai, initial_state, q_rstd, k_rstd)
     return o, final_state, kept, _Saved(g.dtype, scale, plan, tiles, fp32_dot, use_qk_l2norm_in_kernel)
 

@@ -73,6 +73,7 @@ class Tiles:
     segment_chunks: int  # shortest segment (in chunks) where the state passes split a sequence
     segment_programs: int  # programs per SM that splitting aims at; 0 never splits
     split_backward: int  # whether the backward's state pass splits too (where the forward's does)
+    output_in_state_bv: int  # the narrowest state-pass slice whose forward writes the output itself; 0 never
 
 
 def _padded(n: int) -> int:
@@ -117,6 +118,7 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
+        output_in_state_bv=16,  # every slice: the CPU tests take the fused forward (one sets 0)
         **warps,
     )
 
@@ -137,6 +139,14 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
     # stages) and 361 KiB (fp32, 2) of shared memory (ptxas for sm_90), over the 227 KiB of an H200 SM,
     # so no launch could run; one stage fewer fits (209 / 147 KiB).
     bwd_stages = stages if KP <= 128 else stages - 1
+    # The forward's state pass writing the output as it goes (no h, no v_new stored, no output kernel)
+    # adds q's [64, K] tile to each pipeline stage and three products to each chunk's step. Measured on
+    # the H200 (2026-12-04, bf16, K = V = 128, state pass + output kernel summed against the fused
+    # pass): 0.478 -> 0.401 ms with 64-column slices (4 x 4096 tokens, 32 value heads), but 0.270 ->
+    # 0.348 with 32-column ones (one sequence of 8,192) and 1.09 -> 1.39 (32,768, unsplit), where few
+    # programs run the sequential chain and each recomputes q k^T for a narrow slice. ptxas (sm_90):
+    # 185 KiB of shared memory at K = 128, 3 stages; K = 256 or fp32 tiles would not fit.
+    output_in_state_bv = 64 if sixteen_bit and KP <= 128 else 0
     return Tiles(
         BK=min(64, KP),
         BV=min(64, VP),
@@ -170,6 +180,7 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         segment_chunks=SEGMENT_CHUNKS,
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
+        output_in_state_bv=output_in_state_bv,
     )
 
 

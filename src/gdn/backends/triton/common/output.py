@@ -1,6 +1,7 @@
 """The chunk-parallel products with the causal in-chunk attention P = tril(q k^T exp(G_i - G_j)):
 
-- forward output  o = scale (q exp(G) S + P v_new),  S the state entering the chunk;
+- forward output  o = scale (q exp(G) S + P v_new),  S the state entering the chunk (where the forward's
+  state pass does not write it itself: state.writes_output);
 - the local value gradient of the backward  dv_local = scale P^T do  (the state part is added by the
   backward state pass).
 """

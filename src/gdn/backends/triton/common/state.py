@@ -2,7 +2,9 @@
 its [K, BV] slice of the state (or of its gradient) in fp32 registers.
 
 Forward, chunk c entering with state S (stored as h[c]):
-    v_new = u - w S,   S <- exp(G_last) S + (k exp(G_last - G))^T v_new.
+    v_new = u - w S,   S <- exp(G_last) S + (k exp(G_last - G))^T v_new;
+where the pass writes the output itself (`writes_output`: wide slices), it stores the chunk's
+o = scale (q exp(G) S + P v_new) instead of h[c] and v_new (output._output_kernel's products).
 Backward, dS the gradient w.r.t. the state leaving chunk c (stored as dh[c]):
     dv = dv_local + exp(G_last - G) (k dS),
     dS <- exp(G_last) dS + scale (q exp(G))^T do - w^T dv,
@@ -65,7 +67,7 @@ def _fwd_update(
     FP32_DOT: tl.constexpr,
 ):
     """A chunk, the pointers at its first row, its gates (_gates) -> (v_new = u - w S on it, the state
-    leaving it); u's columns o_v read where m_u."""
+    leaving it, k^T [KP, BT] as loaded); u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = within(o_k, K, KP)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -73,17 +75,51 @@ def _fwd_update(
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
     v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
     kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
-    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT), kT
+
+
+@triton.jit
+def _chunk_output(
+    S,
+    v_new,
+    kT,
+    q,
+    o,
+    scale,
+    rows,
+    mt,
+    G,
+    o_v,
+    mv,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    KP: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """Stores the chunk's output o = scale (q exp(G) S + P v_new), P = tril(q k^T exp(G_i - G_j)), for
+    the columns o_v, from the state S entering it (rounded as h would be stored) and v_new (rounded as
+    it would be stored): the same products as output._output_kernel on the stored tensors."""
+    o_k = tl.arange(0, KP)
+    qt = tl.load(q + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & within(o_k, K, KP)[None, :], other=0.0)
+    acc = mma(qt, cast_as(S, q), FP32_DOT) * masked_exp(G, mt)[:, None]
+    s = mma(qt, kT, FP32_DOT) * masked_exp(G[:, None] - G[None, :], (rows[:, None] >= rows[None, :]) & mt[:, None])
+    acc += mma(cast_as(s, q), cast_as(v_new, q), FP32_DOT)
+    tl.store(o + rows[:, None] * HV * V + o_v[None, :], cast_as(acc * scale, o), mask=mt[:, None] & mv[None, :])
 
 
 @triton.jit
 def _fwd_step(
     S,
+    q,
     k,
     w,
     u,
     gc,
     h,
+    o,
+    scale,
     n,
     o_v,
     H: tl.constexpr,
@@ -93,25 +129,45 @@ def _fwd_step(
     BT: tl.constexpr,
     KP: tl.constexpr,
     BV: tl.constexpr,
+    OUTPUT: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
     leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
-    overflows a 32-bit offset)."""
+    overflows a 32-bit offset). With OUTPUT it writes the chunk's output rows, and neither its state
+    nor v_new; else both."""
     o_k = tl.arange(0, KP)
     mv = within(o_v, V, BV)
-    # Which first, the chunk's gates or the state's store, decides where the pipelined loop waits for the
-    # chunk's loads. Measured on the H200 (bf16, K = V = 128): with 32-column slices the store first
-    # took 12% longer (one sequence of 8,192 or 32,768 tokens); with 64 the gates first took 1-3% longer.
-    if BV <= 32:
+    if OUTPUT:
+        # the state's update first, the output's products after it: the other order (the output's
+        # products on the entering state first) took 35% longer at 64-column slices on the H200
         rows, mt, G, G_last = _gates(gc, n, HV, BT)
-    tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
-    if BV > 32:
-        rows, mt, G, G_last = _gates(gc, n, HV, BT)
-    v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
-    p_u = u + rows[:, None] * HV * V + o_v[None, :]
-    tl.store(p_u, cast_as(v_new, u), mask=mt[:, None] & mv[None, :])
-    return S, k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV, h + HV * K * V
+        v_new, S_next, kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
+        _chunk_output(S, v_new, kT, q, o, scale, rows, mt, G, o_v, mv, H, HV, K, V, KP, FP32_DOT)
+        S = S_next
+    else:
+        # Which first, the chunk's gates or the state's store, decides where the pipelined loop waits for
+        # the chunk's loads. Measured on the H200 (bf16, K = V = 128): with 32-column slices the store
+        # first took 12% longer (one sequence of 8,192 or 32,768 tokens); with 64 the gates first took
+        # 1-3% longer.
+        if BV <= 32:
+            rows, mt, G, G_last = _gates(gc, n, HV, BT)
+        tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
+        if BV > 32:
+            rows, mt, G, G_last = _gates(gc, n, HV, BT)
+        v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
+        p_u = u + rows[:, None] * HV * V + o_v[None, :]
+        tl.store(p_u, cast_as(v_new, u), mask=mt[:, None] & mv[None, :])
+    return (
+        S,
+        q + BT * H * K,
+        k + BT * H * K,
+        w + BT * HV * K,
+        u + BT * HV * V,
+        gc + BT * HV,
+        h + HV * K * V,
+        o + BT * HV * V,
+    )
 
 
 @triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
@@ -128,6 +184,9 @@ def _state_fwd_kernel(
     NSEG,
     SEG,
     T,
+    q,
+    o,
+    scale,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -138,10 +197,12 @@ def _state_fwd_kernel(
     HAS_START,
     STORE_END,
     IS_VARLEN,
+    OUTPUT: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """Writes h[c] (the state entering chunk c) and v_new over u (same rows, same program), from the
-    state entering each segment (start, or zero); end: the state leaving each segment."""
+    """From the state entering each segment (start, or zero): with OUTPUT the output o (q and scale
+    read), else h[c] (the state entering chunk c) and v_new over u (same rows, same program); end: the
+    state leaving each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
     i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
@@ -151,9 +212,11 @@ def _state_fwd_kernel(
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     kv = o_k[:, None] * V + o_v[None, :]
     bos = bos.to(tl.int64)
+    q += (bos * H + i_h) * K
     k += (bos * H + i_h) * K
     w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
+    o += (bos * HV + i_hv) * V
     gc += bos * HV + i_hv
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
@@ -164,11 +227,15 @@ def _state_fwd_kernel(
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT)
+            S, q, k, w, u, gc, h, o = _fwd_step(
+                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT
+            )
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S, k, w, u, gc, h = _fwd_step(S, k, w, u, gc, h, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT)
+            S, q, k, w, u, gc, h, o = _fwd_step(
+                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT
+            )
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -230,13 +297,13 @@ def _state_fwd_summary_kernel(
         i_t = 0
         while i_t < NT:
             rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
+            _v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
             rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
+            _v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
@@ -572,6 +639,21 @@ def _absent(like: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=torch.float32, device=like.device)
 
 
+def pass_slice(tiles: Tiles, plan: ChunkPlan, HV: int, V: int, device) -> int:
+    """The V slice of a state pass's programs over the plan (config.state_slice or, split,
+    config.split_slice)."""
+    if plan.split is None:
+        return state_slice(tiles, plan.num_sequences * HV, HV, V, device)
+    return split_slice(tiles, HV, V, device)
+
+
+def writes_output(tiles: Tiles, plan: ChunkPlan, HV: int, V: int, device) -> bool:
+    """Whether the forward's state pass over the plan writes the output itself (state_forward_output)
+    rather than leaving h and v_new to output.chunk_output: where its slices are at least
+    tiles.output_in_state_bv wide (a function of the shapes and the batch, never of the length)."""
+    return 0 < tiles.output_in_state_bv <= pass_slice(tiles, plan, HV, V, device)
+
+
 def _state_pass(
     kernel,
     summary_kernel,
@@ -582,29 +664,30 @@ def _state_pass(
     end: torch.Tensor | None,
     reverse: bool,
     like: torch.Tensor,
+    dims: tuple[int, int, int],
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
     maps: torch.Tensor | None = None,
+    extra: tuple = (),
+    flags: dict | None = None,
 ) -> torch.Tensor | None:
-    """One state pass (forward, or backward with `reverse`) over the plan's segments: `kernel(*reads,
-    writes, start, end, <segments>, *scalars)`, from start (or zero) into end (if given). Split
-    sequences first get their segments' summaries and seeds (`summary_kernel(*reads, summary,
-    <segments>, *scalars)`, then the combine) -> the summaries, whose maps the backward reuses: its
-    map of a segment is the forward's transposed, so with `maps` (the forward's summaries) its summary
-    kernel computes only the V columns."""
-    HV, K, V = writes.shape[1:]
+    """One state pass (forward, or backward with `reverse`) over the plan's segments of heads and dims
+    (HV, K, V): `kernel(*reads, writes, start, end, <segments>, *scalars, *extra, **flags)`, from start
+    (or zero) into end (if given). Split sequences first get their segments' summaries and seeds
+    (`summary_kernel(*reads, summary, <segments>, *scalars)`, then the combine) -> the summaries, whose
+    maps the backward reuses: its map of a segment is the forward's transposed, so with `maps` (the
+    forward's summaries) its summary kernel computes only the V columns."""
+    HV, K, V = dims
     N = plan.num_sequences
     segments = plan.segments()
     layout = (segments.bounds, segments.chunk_offsets, segments.per_sequence, segments.tokens)
     shapes = dict(H=like.shape[2], HV=HV, K=K, V=V, BT=CHUNK, KP=tiles.KP, IS_VARLEN=int(plan.is_varlen))
     warps = dict(num_warps=tiles.state_warps, num_stages=tiles.state_bwd_stages if reverse else tiles.state_stages)
     summary = None
-    if plan.split is None:
-        bv = state_slice(tiles, N * HV, HV, V, like.device)
-    else:
-        bv = split_slice(tiles, HV, V, like.device)
+    bv = pass_slice(tiles, plan, HV, V, like.device)
+    if plan.split is not None:
         summary = torch.empty(segments.count, HV, K, V + K, dtype=torch.float32, device=like.device)
         columns = cdiv(V, bv) + (0 if maps is not None else cdiv(K, bv))
         launch(summary_kernel, (segments.count * HV, columns))(
@@ -642,14 +725,57 @@ def _state_pass(
         _absent(like) if end is None else end,
         *layout,
         *scalars,
+        *extra,
         **shapes,
         BV=bv,
         HAS_START=int(start is not None),
         STORE_END=int(end is not None),
         FP32_DOT=fp32_dot,
+        **(flags or {}),
         **warps,
     )
     return summary
+
+
+def _forward_pass(
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    gc: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    h: torch.Tensor,
+    output: tuple | None,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+    exact_dot: str,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The forward state pass into h, or with `output` = (q, o, scale) into o -> (final state fp32 or
+    None, the split segments' summaries or None)."""
+    HV, V = u.shape[2], u.shape[3]
+    K = k.shape[3]
+    ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
+    with device_guard(k):
+        maps = _state_pass(
+            _state_fwd_kernel,
+            _state_fwd_summary_kernel,
+            (k, w, u, gc),
+            h,
+            (k.shape[1],),
+            initial_state,
+            ht,
+            False,
+            k,
+            (HV, K, V),
+            plan,
+            tiles,
+            fp32_dot,
+            exact_dot,
+            extra=output or (_absent(k), _absent(k), 1.0),
+            flags={"OUTPUT": int(output is not None)},
+        )
+    return ht, maps
 
 
 def state_forward(
@@ -668,27 +794,35 @@ def state_forward(
     the split segments' summaries or None: state_backward's `maps`).
 
     exact_dot: the fp32 precision of the products that combine split sequences' segments."""
-    HV, V = u.shape[2], u.shape[3]
-    K = k.shape[3]
-    h = torch.empty(plan.num_chunks, HV, K, V, dtype=k.dtype, device=k.device)
-    ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
-    with device_guard(k):
-        maps = _state_pass(
-            _state_fwd_kernel,
-            _state_fwd_summary_kernel,
-            (k, w, u, gc),
-            h,
-            (k.shape[1],),
-            initial_state,
-            ht,
-            False,
-            k,
-            plan,
-            tiles,
-            fp32_dot,
-            exact_dot,
-        )
+    h = torch.empty(plan.num_chunks, u.shape[2], k.shape[3], u.shape[3], dtype=k.dtype, device=k.device)
+    ht, maps = _forward_pass(k, w, u, gc, initial_state, output_final_state, h, None, plan, tiles, fp32_dot, exact_dot)
     return h, u, ht, maps
+
+
+def state_forward_output(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    w: torch.Tensor,
+    u: torch.Tensor,
+    gc: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    output_final_state: bool,
+    scale: float,
+    out_dtype: torch.dtype,
+    plan: ChunkPlan,
+    tiles: Tiles,
+    fp32_dot: str | None,
+    exact_dot: str,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward state pass writing the output as it goes (where `writes_output`): neither h nor v_new
+    is stored, and u is left as it was -> (o [B, T, HV, V] in out_dtype, final state fp32 or None).
+    Its output equals output.chunk_output's on state_forward's h and v_new bit for bit (the same
+    products on the same roundings)."""
+    o = torch.empty(u.shape, dtype=out_dtype, device=k.device)
+    ht, _ = _forward_pass(
+        k, w, u, gc, initial_state, output_final_state, _absent(k), (q, o, scale), plan, tiles, fp32_dot, exact_dot
+    )
+    return o, ht
 
 
 def state_backward(
@@ -733,6 +867,7 @@ def state_backward(
             dh0,
             True,
             k,
+            (HV, K, V),
             plan if tiles.split_backward else replace(plan, split=None),
             tiles,
             fp32_dot,
