@@ -112,8 +112,9 @@ def back_to_back_ms(fn, calls: int = 400, rounds: int = 7) -> float:
     """Time per call of `calls` calls made one after another, the device synchronised at the end of
     each round: the host's cost per call wherever it exceeds the kernel's. The median of `rounds`
     rounds: with one round of 2,000 calls, rows of one run on the H200's host contradicted each other
-    (2026-12-04: the kernel behind validation 22 µs a call, the prepared step, which calls it, 14); a
-    slow stretch of the host now lands in one round, not in the median."""
+    (2026-12-04: the public call 34 µs a call through gdn's launcher, 17 through Triton's slower launch
+    path; the same rows the median of seven rounds then put at 33 and 33); a slow stretch of the host
+    lands in one round, not in the median."""
     for _ in range(50):
         fn()
     torch.cuda.synchronize()
