@@ -312,11 +312,11 @@ OUTPUT_CASES = [  # (sequence bounds or None for a dense batch of 2, T, chunks p
 
 @pytest.mark.single_op
 @pytest.mark.parametrize(("bounds", "T", "chunks"), OUTPUT_CASES, ids=["dense", "packed", "packed-split", "split"])
-def test_state_pass_writes_the_output_kernels_output_bit_for_bit(bounds, T, chunks, gen, monkeypatch):
-    """The forward's state pass writing the output as it goes (`state.writes_output`) gives the output
-    and final state of the state pass that stores h and v_new followed by the output kernel, bit for
-    bit (the same products on the same roundings), dense and packed, over whole and split sequences;
-    and it launches no output kernel."""
+def test_state_pass_writes_the_output_of_the_output_kernel(bounds, T, chunks, gen, monkeypatch):
+    """The forward's state pass writing the output as it goes (`state.writes_output`, v_new formed from
+    (I + A)^-1, v and beta) gives the output and final state of the state pass that stores h and v_new
+    followed by the output kernel, up to bf16 roundings, dense and packed, over whole and split
+    sequences; and it launches no output kernel, and no WU kernel where no split's summaries need w and u."""
     if chunks:
         split_every(monkeypatch, chunks)
     base = dict(config.OVERRIDES)
@@ -339,9 +339,10 @@ def test_state_pass_writes_the_output_kernels_output_bit_for_bit(bounds, T, chun
             split_every(monkeypatch, chunks)
     (o_fused, ht_fused), (o_apart, ht_apart) = results
     assert torch.isfinite(o_apart.float()).all() and o_apart.float().abs().max() > 0
-    assert torch.equal(o_fused, o_apart)
-    assert torch.equal(ht_fused, ht_apart)
+    assert rel_err(o_fused, o_apart) < 1e-2, rel_err(o_fused, o_apart)
+    assert rel_err(ht_fused, ht_apart) < 1e-2, rel_err(ht_fused, ht_apart)
     assert "_output_kernel" not in launched[0] and "_output_kernel" in launched[1], launched
+    assert ("_wu_kernel" in launched[0]) == bool(chunks) and "_wu_kernel" in launched[1], launched
     assert ("_state_fwd_summary_kernel" in launched[0]) == bool(chunks), launched
 
 
@@ -538,9 +539,9 @@ def test_state_kernels_compile_for_hopper():
         assert binaries == {name: 2 if name in two else 1 for name in usage}, (case, binaries)
         over = {name: u["shared"] for name, b in usage.items() for u in b.values() if u["shared"] > H200_SHARED_BYTES}
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
-    # the forward writing the output spills 16 bytes (ptxas, sm_90): four registers stored before its
-    # chunk loop and loaded after it, for the final state's store (none inside the loop)
-    allowed = {"_state_combine_kernel": 16, "_state_fwd_kernel": 16}
+    # the forward writing the output spills 32 bytes (ptxas, sm_90): most stored before its chunk loop
+    # and loaded after it (the final state's store), two 4-byte reloads a chunk inside it
+    allowed = {"_state_combine_kernel": 16, "_state_fwd_kernel": 32}
     spills = {
         n: u for n, b in result["bf16 K=128"].items() for u in b.values() if (u["spill_bytes"] or 0) > allowed.get(n, 0)
     }
@@ -867,7 +868,8 @@ def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     o, final = triton_chunk.chunk_gated_delta_rule(call)
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
-    assert len(real) == 11 and dry == real  # 5 launches forward (the state pass writes o), 6 backward
+    # 4 launches forward (the state pass forms v_new from (I + A)^-1 and writes o), 6 backward
+    assert len(real) == 10 and dry == real
 
 
 @pytest.mark.single_op

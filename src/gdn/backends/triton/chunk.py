@@ -87,13 +87,15 @@ def _forward(
     HV = v.shape[2]
 
     gc, Ai = wy_prepare(k, g, beta, HV, plan, tiles, fp32_dot)
-    w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
     exact_dot = _fp32_dot(torch.float32)
     if writes_output(tiles, plan, HV, v.shape[3], k.device):
+        # the pass forms v_new from Ai itself: only a split's summaries read w and u
+        wu = None if plan.split is None else wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
         o, final_state = state_forward_output(
-            q, k, w, u, gc, initial_state, output_final_state, scale, v.dtype, plan, tiles, fp32_dot, exact_dot
+            q, k, v, beta, Ai, wu, gc, initial_state, output_final_state, scale, plan, tiles, fp32_dot, exact_dot
         )
     else:
+        w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
         h, v_new, final_state, _ = state_forward(
             k, w, u, gc, initial_state, output_final_state, plan, tiles, fp32_dot, exact_dot
         )

@@ -3,8 +3,9 @@ its [K, BV] slice of the state (or of its gradient) in fp32 registers.
 
 Forward, chunk c entering with state S (stored as h[c]):
     v_new = u - w S,   S <- exp(G_last) S + (k exp(G_last - G))^T v_new;
-where the pass writes the output itself (`writes_output`: wide slices), it stores the chunk's
-o = scale (q exp(G) S + P v_new) instead of h[c] and v_new (output._output_kernel's products).
+where the pass writes the output itself (`writes_output`: wide slices), it forms v_new = T (beta (v -
+exp(G) k S)) from T = (I + A)^-1 (w and u never formed) and stores the chunk's o = scale (q exp(G) S +
+P v_new) instead of h[c] and v_new (output._output_kernel's products).
 Backward, dS the gradient w.r.t. the state leaving chunk c (stored as dh[c]):
     dv = dv_local + exp(G_last - G) (k dS),
     dS <- exp(G_last) dS + scale (q exp(G))^T do - w^T dv,
@@ -79,6 +80,43 @@ def _fwd_update(
 
 
 @triton.jit
+def _fwd_update_from_inverse(
+    S,
+    k,
+    v,
+    beta,
+    Ai,
+    rows,
+    mt,
+    G,
+    G_last,
+    o_v,
+    m_v,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    KP: tl.constexpr,
+    FP32_DOT: tl.constexpr,
+):
+    """_fwd_update without w and u: with T = (I + A)^-1, u - w S = T (beta (v - exp(G) k S)), formed
+    here from T's rows (Ai), v and beta, so that neither w nor u has to be written and read back (the
+    forward's WU kernel is not launched). The same products up to bf16 roundings: T's product with
+    one rounded tile instead of w and u each rounded. -> (v_new, the state leaving the chunk, k^T)."""
+    o_k = tl.arange(0, KP)
+    kt = tl.load(k + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & within(o_k, K, KP)[None, :], other=0.0)
+    A = tl.load(Ai + rows[:, None] * HV * BT + rows[None, :], mask=mt[:, None], other=0.0)
+    b = tl.load(beta + rows * HV, mask=mt, other=0.0).to(tl.float32)
+    vt = tl.load(v + rows[:, None] * HV * V + o_v[None, :], mask=mt[:, None] & m_v[None, :], other=0.0)
+    x = b[:, None] * (vt.to(tl.float32) - masked_exp(G, mt)[:, None] * mma(kt, cast_as(S, k), FP32_DOT))
+    v_new = mma(A, cast_as(x, k), FP32_DOT)
+    v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
+    kT = tl.trans(kt)
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT), kT
+
+
+@triton.jit
 def _chunk_output(
     S,
     v_new,
@@ -100,7 +138,7 @@ def _chunk_output(
 ):
     """Stores the chunk's output o = scale (q exp(G) S + P v_new), P = tril(q k^T exp(G_i - G_j)), for
     the columns o_v, from the state S entering it (rounded as h would be stored) and v_new (rounded as
-    it would be stored): the same products as output._output_kernel on the stored tensors."""
+    it would be stored): output._output_kernel's products on the stored tensors."""
     o_k = tl.arange(0, KP)
     qt = tl.load(q + rows[:, None] * H * K + o_k[None, :], mask=mt[:, None] & within(o_k, K, KP)[None, :], other=0.0)
     acc = mma(qt, cast_as(S, q), FP32_DOT) * masked_exp(G, mt)[:, None]
@@ -116,6 +154,9 @@ def _fwd_step(
     k,
     w,
     u,
+    v,
+    beta,
+    Ai,
     gc,
     h,
     o,
@@ -134,15 +175,18 @@ def _fwd_step(
 ):
     """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
     leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
-    overflows a 32-bit offset). With OUTPUT it writes the chunk's output rows, and neither its state
-    nor v_new; else both."""
+    overflows a 32-bit offset). With OUTPUT it forms v_new from T = (I + A)^-1, v and beta and writes
+    the chunk's output rows, and neither its state nor v_new; else it forms v_new from w and u and
+    writes both."""
     o_k = tl.arange(0, KP)
     mv = within(o_v, V, BV)
     if OUTPUT:
         # the state's update first, the output's products after it: the other order (the output's
         # products on the entering state first) took 35% longer at 64-column slices on the H200
         rows, mt, G, G_last = _gates(gc, n, HV, BT)
-        v_new, S_next, kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
+        v_new, S_next, kT = _fwd_update_from_inverse(
+            S, k, v, beta, Ai, rows, mt, G, G_last, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT
+        )
         _chunk_output(S, v_new, kT, q, o, scale, rows, mt, G, o_v, mv, H, HV, K, V, KP, FP32_DOT)
         S = S_next
     else:
@@ -164,6 +208,9 @@ def _fwd_step(
         k + BT * H * K,
         w + BT * HV * K,
         u + BT * HV * V,
+        v + BT * HV * V,
+        beta + BT * HV,
+        Ai + BT * HV * BT,
         gc + BT * HV,
         h + HV * K * V,
         o + BT * HV * V,
@@ -187,6 +234,9 @@ def _state_fwd_kernel(
     q,
     o,
     scale,
+    v,
+    beta,
+    Ai,
     H: tl.constexpr,
     HV: tl.constexpr,
     K: tl.constexpr,
@@ -200,9 +250,9 @@ def _state_fwd_kernel(
     OUTPUT: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """From the state entering each segment (start, or zero): with OUTPUT the output o (q and scale
-    read), else h[c] (the state entering chunk c) and v_new over u (same rows, same program); end: the
-    state leaving each segment."""
+    """From the state entering each segment (start, or zero): with OUTPUT the output o (q, scale, v,
+    beta and T = (I + A)^-1 read instead of w and u), else h[c] (the state entering chunk c) and v_new
+    over u (same rows, same program); end: the state leaving each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
     i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
@@ -217,6 +267,9 @@ def _state_fwd_kernel(
     w += (bos * HV + i_hv) * K
     u += (bos * HV + i_hv) * V
     o += (bos * HV + i_hv) * V
+    v += (bos * HV + i_hv) * V
+    beta += bos * HV + i_hv
+    Ai += (bos * HV + i_hv) * BT
     gc += bos * HV + i_hv
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
@@ -227,14 +280,58 @@ def _state_fwd_kernel(
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
-            S, q, k, w, u, gc, h, o = _fwd_step(
-                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT
+            S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
+                S,
+                q,
+                k,
+                w,
+                u,
+                v,
+                beta,
+                Ai,
+                gc,
+                h,
+                o,
+                scale,
+                T_s - i_t * BT,
+                o_v,
+                H,
+                HV,
+                K,
+                V,
+                BT,
+                KP,
+                BV,
+                OUTPUT,
+                FP32_DOT,
             )
             i_t += 1
     else:
         for i_t in range(0, NT):
-            S, q, k, w, u, gc, h, o = _fwd_step(
-                S, q, k, w, u, gc, h, o, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT
+            S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
+                S,
+                q,
+                k,
+                w,
+                u,
+                v,
+                beta,
+                Ai,
+                gc,
+                h,
+                o,
+                scale,
+                T_s - i_t * BT,
+                o_v,
+                H,
+                HV,
+                K,
+                V,
+                BT,
+                KP,
+                BV,
+                OUTPUT,
+                FP32_DOT,
             )
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
@@ -742,6 +839,7 @@ def _forward_pass(
     w: torch.Tensor,
     u: torch.Tensor,
     gc: torch.Tensor,
+    heads_dim: tuple[int, int],
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     h: torch.Tensor,
@@ -751,9 +849,9 @@ def _forward_pass(
     fp32_dot: str | None,
     exact_dot: str,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The forward state pass into h, or with `output` = (q, o, scale) into o -> (final state fp32 or
-    None, the split segments' summaries or None)."""
-    HV, V = u.shape[2], u.shape[3]
+    """The forward state pass into h, or with `output` = (q, o, scale, v, beta, Ai) into o -> (final
+    state fp32 or None, the split segments' summaries or None); heads_dim: (HV, V)."""
+    HV, V = heads_dim
     K = k.shape[3]
     ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
     with device_guard(k):
@@ -772,7 +870,7 @@ def _forward_pass(
             tiles,
             fp32_dot,
             exact_dot,
-            extra=output or (_absent(k), _absent(k), 1.0),
+            extra=output or (_absent(k), _absent(k), 1.0, _absent(k), _absent(k), _absent(k)),
             flags={"OUTPUT": int(output is not None)},
         )
     return ht, maps
@@ -795,32 +893,65 @@ def state_forward(
 
     exact_dot: the fp32 precision of the products that combine split sequences' segments."""
     h = torch.empty(plan.num_chunks, u.shape[2], k.shape[3], u.shape[3], dtype=k.dtype, device=k.device)
-    ht, maps = _forward_pass(k, w, u, gc, initial_state, output_final_state, h, None, plan, tiles, fp32_dot, exact_dot)
+    ht, maps = _forward_pass(
+        k,
+        w,
+        u,
+        gc,
+        (u.shape[2], u.shape[3]),
+        initial_state,
+        output_final_state,
+        h,
+        None,
+        plan,
+        tiles,
+        fp32_dot,
+        exact_dot,
+    )
     return h, u, ht, maps
 
 
 def state_forward_output(
     q: torch.Tensor,
     k: torch.Tensor,
-    w: torch.Tensor,
-    u: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    Ai: torch.Tensor,
+    wu: tuple[torch.Tensor, torch.Tensor] | None,
     gc: torch.Tensor,
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     scale: float,
-    out_dtype: torch.dtype,
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward state pass writing the output as it goes (where `writes_output`): neither h nor v_new
-    is stored, and u is left as it was -> (o [B, T, HV, V] in out_dtype, final state fp32 or None).
-    Its output equals output.chunk_output's on state_forward's h and v_new bit for bit (the same
-    products on the same roundings)."""
-    o = torch.empty(u.shape, dtype=out_dtype, device=k.device)
+    """The forward state pass writing the output as it goes (where `writes_output`), forming each chunk's
+    v_new from T = (I + A)^-1 (Ai), v and beta: neither h nor v_new is stored, and w and u are read only
+    by a split plan's summaries (`wu`, from common.wy.wy_apply; None where the plan does not split)
+    -> (o [B, T, HV, V] in v's dtype, final state fp32 or None). Its output is output.chunk_output's
+    on state_forward's h and v_new up to bf16 roundings."""
+    if (wu is None) != (plan.split is None):
+        raise ValueError("state_forward_output: w and u are given exactly where the plan splits sequences")
+    # in w's and u's dtype where absent: a whole and a split call of one class share the pass's binary
+    w, u = wu or (k.new_empty(0), k.new_empty(0))
+    HV, V = v.shape[2], v.shape[3]
+    o = torch.empty(v.shape, dtype=v.dtype, device=k.device)
     ht, _ = _forward_pass(
-        k, w, u, gc, initial_state, output_final_state, _absent(k), (q, o, scale), plan, tiles, fp32_dot, exact_dot
+        k,
+        w,
+        u,
+        gc,
+        (HV, V),
+        initial_state,
+        output_final_state,
+        _absent(k),
+        (q, o, scale, v, beta, Ai),
+        plan,
+        tiles,
+        fp32_dot,
+        exact_dot,
     )
     return o, ht
 
