@@ -68,7 +68,7 @@ def _fwd_update(
     FP32_DOT: tl.constexpr,
 ):
     """A chunk, the pointers at its first row, its gates (_gates) -> (v_new = u - w S on it, the state
-    leaving it, k^T [KP, BT] as loaded); u's columns o_v read where m_u."""
+    leaving it); u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = within(o_k, K, KP)
     wt = tl.load(w + rows[:, None] * HV * K + o_k[None, :], mask=mt[:, None] & mk[None, :], other=0.0)
@@ -76,7 +76,7 @@ def _fwd_update(
     v_new = u_t.to(tl.float32) - mma(wt, cast_as(S, k), FP32_DOT)
     v_dec = v_new * masked_exp(G_last - G, mt)[:, None]
     kT = tl.load(k + rows[None, :] * H * K + o_k[:, None], mask=mt[None, :] & mk[:, None], other=0.0)
-    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT), kT
+    return v_new, S * tl.exp(G_last) + mma(kT, cast_as(v_dec, k), FP32_DOT)
 
 
 @triton.jit
@@ -199,7 +199,7 @@ def _fwd_step(
         tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
         if BV > 32:
             rows, mt, G, G_last = _gates(gc, n, HV, BT)
-        v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
+        v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
         p_u = u + rows[:, None] * HV * V + o_v[None, :]
         tl.store(p_u, cast_as(v_new, u), mask=mt[:, None] & mv[None, :])
     return (
@@ -281,58 +281,16 @@ def _state_fwd_kernel(
         i_t = 0
         while i_t < NT:
             S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
-                S,
-                q,
-                k,
-                w,
-                u,
-                v,
-                beta,
-                Ai,
-                gc,
-                h,
-                o,
-                scale,
-                T_s - i_t * BT,
-                o_v,
-                H,
-                HV,
-                K,
-                V,
-                BT,
-                KP,
-                BV,
-                OUTPUT,
-                FP32_DOT,
-            )
+                S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
+                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
+            )  # fmt: skip
             i_t += 1
     else:
         for i_t in range(0, NT):
             S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
-                S,
-                q,
-                k,
-                w,
-                u,
-                v,
-                beta,
-                Ai,
-                gc,
-                h,
-                o,
-                scale,
-                T_s - i_t * BT,
-                o_v,
-                H,
-                HV,
-                K,
-                V,
-                BT,
-                KP,
-                BV,
-                OUTPUT,
-                FP32_DOT,
-            )
+                S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
+                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
+            )  # fmt: skip
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -394,13 +352,13 @@ def _state_fwd_summary_kernel(
         i_t = 0
         while i_t < NT:
             rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
+            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
             rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S, _kT = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
+            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
