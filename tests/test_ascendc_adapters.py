@@ -249,8 +249,11 @@ def test_stable_conv_passes_the_host_metadata_only(gen):
 # the decode ops
 
 
+# One token from a zero state: 16 sequences, not 3, since the relative error over three output rows is
+# a few bf16 roundings with a long tail (max 0.011 over 400 seeds, 0.014 seen in CI); over 16 rows its
+# max was 0.0053 over 1,000 seeds. A wrong layout or a missing term still costs O(1).
 @pytest.mark.parametrize(
-    "case", [dict(B=2, T=5), dict(T=9, cu=[0, 0, 4, 4, 9]), dict(B=3, T=1, state=False), dict(B=1, T=6, final=False)]
+    "case", [dict(B=2, T=5), dict(T=9, cu=[0, 0, 4, 4, 9]), dict(B=16, T=1, state=False), dict(B=1, T=6, final=False)]
 )
 def test_recurrent_matches_eager(gen, case):
     op = "fused_recurrent_gated_delta_rule"
