@@ -22,8 +22,9 @@ loop that does not wait for the device pays it; those marked `Triton's launch pa
 through JITFunction.run instead of its known binary's launcher): do_bench clears the L2 cache before
 each call, and the host launches the next kernel while that clearing runs, so its times hide up to
 that long of host work per call. The
-`bf16 state pool` row is the kernel on a bf16 pool (fp32 arithmetic, the state rounded into the pool):
-its bandwidth counts the bf16 bytes it moves, its time is what serving with such a pool gains.
+`bf16 state pool` rows are the kernel and the public call on a bf16 pool (fp32 arithmetic, the state
+rounded into the pool): their bandwidth counts the bf16 bytes they move, their time is what serving with
+such a pool gains; `value-first` rows take the pool in fla's state_v_first layout ([slots, HV, V, K]).
 
 Usage: PYTHONPATH=src:. python -m bench.decode [--batches 1 64 256] [--no-sweep]
 """
@@ -77,6 +78,12 @@ SWEEP = [
     {"BV": 32, "num_warps": 1, "SLICES": 8},
     {"BV": 32, "num_warps": 2, "SLICES": 8},
 ]
+# the other pools timed beside the fp32 key-first one: (name, state dtype, value-first)
+POOLS = [
+    ("bf16", torch.bfloat16, False),
+    ("fp32 value-first", torch.float32, True),
+    ("bf16 value-first", torch.bfloat16, True),
+]
 TARGET_TBS = {256: 3.2}
 OP = "fused_recurrent_gated_delta_rule_update"
 
@@ -92,14 +99,22 @@ def copy_ceiling_tbs() -> float:
     return 2 * src.numel() * 4 / (ms * 1e-3) / 1e12
 
 
-def ours(inputs, pool, indices):
-    call = PREPARE[OP](*inputs, pool, indices, use_qk_l2norm_in_kernel=True)  # validated once, outside timing
+def ours(inputs, pool, indices, state_v_first: bool = False):
+    # validated once, outside timing
+    call = PREPARE[OP](*inputs, pool, indices, use_qk_l2norm_in_kernel=True, state_v_first=state_v_first)
     return lambda: decode.fused_recurrent_gated_delta_rule_update(call)
 
 
-def public(inputs, pool, indices):
+def public(inputs, pool, indices, state_v_first: bool = False):
     """The public call (main runs every timing under no_grad, as a serving loop runs its steps)."""
-    return lambda: gdn.fused_recurrent_gated_delta_rule_update(*inputs, pool, indices, use_qk_l2norm_in_kernel=True)
+    return lambda: gdn.fused_recurrent_gated_delta_rule_update(
+        *inputs, pool, indices, use_qk_l2norm_in_kernel=True, state_v_first=state_v_first
+    )
+
+
+def value_first(pool: torch.Tensor) -> torch.Tensor:
+    """The pool's values stored value-first, [slots, HV, V, K] (fla's state_v_first)."""
+    return pool.transpose(-1, -2).contiguous()
 
 
 def prepared(inputs, pool, indices):
@@ -319,24 +334,20 @@ def bench_batch(B: int, sweep: bool, ceiling: float) -> tuple[list[dict], dict]:
         ms = median_ms(ours(inputs, pool, indices))
         decode.OVERRIDES.clear()
         rows.append(row(B, "gdn-triton", _label(knobs), ms, state_bytes, ceiling))
-    half = pool.to(torch.bfloat16)
-    ms = median_ms(ours(inputs, half, indices))
-    rows.append(row(B, "gdn-triton", "bf16 state pool (half the traffic)", ms, state_bytes // 2, ceiling))
-    rows.append(
-        row(
-            B,
-            "gdn",
-            "bf16 state pool, public call",
-            median_ms(public(inputs, half, indices)),
-            state_bytes // 2,
-            ceiling,
-        )
-    )
-    for knobs in SWEEP if sweep else []:
-        decode.OVERRIDES.update(knobs)
-        ms = median_ms(ours(inputs, half, indices))
-        decode.OVERRIDES.clear()
-        rows.append(row(B, "gdn-triton", f"bf16 state pool, {_label(knobs)}", ms, state_bytes // 2, ceiling))
+    for name, dtype, v_first in POOLS:
+        other = pool.to(dtype)
+        other = value_first(other) if v_first else other
+        moved = state_bytes * other.element_size() // pool.element_size()
+        cfg = decode.launch_config(B, H, HV, K, V, pool.device, True, other.element_size(), v_first)
+        ms = median_ms(ours(inputs, other, indices, v_first))
+        rows.append(row(B, "gdn-triton", f"{name} state pool, heuristic {_label(_knobs(cfg))}", ms, moved, ceiling))
+        ms = median_ms(public(inputs, other, indices, v_first))
+        rows.append(row(B, "gdn", f"{name} state pool, public call", ms, moved, ceiling))
+        for knobs in SWEEP if sweep and dtype == torch.bfloat16 else []:
+            decode.OVERRIDES.update(knobs)
+            ms = median_ms(ours(inputs, other, indices, v_first))
+            decode.OVERRIDES.clear()
+            rows.append(row(B, "gdn-triton", f"{name} state pool, {_label(knobs)}", ms, moved, ceiling))
     fns = fla_fns(inputs, pool, indices)
     if fns is not None:
         rows.append(row(B, "fla", "kernel, states gathered beforehand", median_ms(fns[0]), state_bytes, ceiling))

@@ -25,24 +25,24 @@ def op_cases(device: str, gen: torch.Generator, *, grad: bool) -> dict[str, tupl
         t = (torch.randn(*shape, generator=gen) * scale).to(device, dtype)
         return t.requires_grad_(grad and needs_grad)
 
-    def gdn_args(plain_state: bool) -> tuple:
+    def gdn_args(plain_state: bool, v_first: bool) -> tuple:
         q, k = randn(B, T, H, K, needs_grad=True), randn(B, T, H, K, needs_grad=True)
         v = randn(B, T, HV, V, needs_grad=True)
         g = (-torch.rand(B, T, HV, generator=gen) * 0.5).to(device).requires_grad_(grad)
         beta = torch.rand(B, T, HV, generator=gen).to(device).requires_grad_(grad)
-        h0 = randn(B, HV, K, V, scale=0.1, needs_grad=plain_state)
-        return q, k, v, g, beta, None, h0, True, None, True
+        h0 = randn(B, HV, *((V, K) if v_first else (K, V)), scale=0.1, needs_grad=plain_state)
+        return q, k, v, g, beta, None, h0, True, None, True, v_first
 
-    q, k, v, g, beta = (t.detach() for t in gdn_args(False)[:5])
-    pool = randn(2 * B, HV, K, V, scale=0.1)
+    q, k, v, g, beta = (t.detach() for t in gdn_args(False, False)[:5])
+    pool = randn(2 * B, HV, V, K, scale=0.1)  # value-first, as the pool op's case passes it
     slots = torch.randperm(2 * B, generator=gen)[:B].to(device, torch.int32)
     x_seq = randn(B, D, T, needs_grad=True)
     weight, bias = randn(D, W, needs_grad=True), randn(D, needs_grad=True)
     lengths = torch.tensor([0, 4, 9], dtype=torch.int32, device=device)
     return {
-        "chunk_gated_delta_rule": gdn_args(True),
-        "fused_recurrent_gated_delta_rule": gdn_args(True),
-        "fused_recurrent_gated_delta_rule_update": (q, k, v, g, beta, pool, slots, None, None, True),
+        "chunk_gated_delta_rule": gdn_args(True, False),
+        "fused_recurrent_gated_delta_rule": gdn_args(True, True),
+        "fused_recurrent_gated_delta_rule_update": (q, k, v, g, beta, pool, slots, None, None, True, True),
         "causal_conv1d_fn": (x_seq, weight, bias, "silu", None, randn(B, D, W - 1, needs_grad=True), True),
         "causal_conv1d_fn_varlen": (
             randn(D, T),
@@ -101,7 +101,9 @@ def training_step(block: torch.nn.Module, x: torch.Tensor) -> list[torch.Tensor]
 
 def decode_step(x, conv_state, weight, bias, q, k, v, g, beta, pool, slots) -> torch.Tensor:
     mixed = gdn.causal_conv1d_update(x, conv_state, weight, bias, "silu")
-    o = gdn.fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, pool, slots, use_qk_l2norm_in_kernel=True)
+    o = gdn.fused_recurrent_gated_delta_rule_update(
+        q, k, v, g, beta, pool, slots, use_qk_l2norm_in_kernel=True, state_v_first=True
+    )
     return o * mixed.mean()
 
 

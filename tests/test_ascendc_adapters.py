@@ -261,13 +261,25 @@ def test_recurrent_matches_eager(gen, case):
     assert_close(compare_with_eager(op, fn, gdn_inputs(gen, **case)))
 
 
-def test_pool_decode_matches_eager_and_leaves_other_rows(gen):
+@pytest.mark.parametrize("state_v_first", [False, True])
+def test_pool_decode_matches_eager_and_leaves_other_rows(gen, state_v_first):
+    """Also on a value-first pool ([slots, HV, V, K]): the adapter gets it as a transposed view and
+    writes it in place through that view."""
     ops = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))
     base = gdn_inputs(gen, T=7, cu=[0, 3, 3, 4, 7], state=False)
     inputs = {k: base[k] for k in ("q", "k", "v", "g", "beta", "cu_seqlens", "use_qk_l2norm_in_kernel")}
     inputs |= dict(ssm_pool=torch.randn(6, 4, 128, 128, generator=gen) * 0.1, ssm_indices=torch.tensor([2, 5, -1, 0]))
+    inputs |= dict(state_v_first=state_v_first)
     op = "fused_recurrent_gated_delta_rule_update"
     assert_close(compare_with_eager(op, ops[op], inputs))
+
+
+def test_recurrent_takes_a_value_first_state(gen):
+    op = "fused_recurrent_gated_delta_rule"
+    fn = make_recurrent_ops(stable().get("npu_recurrent_gated_delta_rule"))[op]
+    inputs = gdn_inputs(gen, T=9, cu=[0, 0, 4, 4, 9])
+    inputs |= dict(initial_state=inputs["initial_state"].transpose(-1, -2).contiguous(), state_v_first=True)
+    assert_close(compare_with_eager(op, fn, inputs))
 
 
 def test_recurrent_refuses_inputs_that_require_grad(gen):

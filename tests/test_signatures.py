@@ -105,10 +105,10 @@ def _gdn_values(gen: torch.Generator, everything: bool) -> dict[str, object]:
         output_final_state=True,
         use_qk_l2norm_in_kernel=True,
         cu_seqlens=torch.tensor([0, 6]),  # one sequence: initial_state fits with and without it
+        state_v_first=False,  # the value-first layout itself: tests/test_state_layout.py
         # fla features gdn does not implement
         use_beta_sigmoid_in_kernel=everything,
         allow_neg_eigval=everything,
-        state_v_first=everything,
         use_gate_in_kernel=everything,
         gk=-torch.rand(B, T, HV, K, generator=gen) if everything else None,
         gv=-torch.rand(B, T, HV, V, generator=gen) if everything else None,

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from gdn.calls import PREPARE
-from gdn.resolve import backends
+from implementations import implementation
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 BACKENDS = ("eager", "triton")
@@ -164,17 +164,6 @@ def _params() -> list:
     return params
 
 
-def _implementation(backend: str, op: str) -> Callable:
-    found = backends()[backend]
-    reason = found.why_unavailable(torch.device(DEVICE).type)
-    if reason:
-        pytest.skip(f"{backend} is unavailable here: {reason}")
-    impl = found.implementation(op)
-    if impl is None:
-        pytest.skip(f"{backend} does not serve {op}")
-    return impl
-
-
 def _call(impl: Callable, case: Case, args: dict[str, object]) -> list[torch.Tensor]:
     """The op's outputs followed by its in-place tensors after the call."""
     call = PREPARE[case.op](**args)
@@ -189,7 +178,7 @@ def _call(impl: Callable, case: Case, args: dict[str, object]) -> list[torch.Ten
 @pytest.mark.parametrize(("label", "name", "kind"), _params())
 def test_non_contiguous_argument_gives_the_contiguous_answer(backend, label, name, kind, gen):
     case = CASES[label]
-    impl = _implementation(backend, case.op)
+    impl = implementation(backend, case.op, DEVICE)
     args = case.make(gen)
     value = args[name]
     if kind == "expanded":

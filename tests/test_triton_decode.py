@@ -371,8 +371,8 @@ def test_launch_config_heuristic(monkeypatch):
     assert pick(256, K=256) == (16, 1)  # the register budget caps the tile
     assert pick(256, K=512) == (8, 1)
 
-    def walk(N, K=128, state_bytes=4):  # one token a sequence
-        cfg = decode.launch_config(N, 16, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes)
+    def walk(N, K=128, state_bytes=4, v_first=False):  # one token a sequence
+        cfg = decode.launch_config(N, 16, 32, K, 128, gpu, one_token=True, state_bytes=state_bytes, v_first=v_first)
         return cfg.BV, cfg.num_warps, cfg.SLICES, cfg.STAGES, cfg.BLOCK_N
 
     # 4096 programs, each walking both 64-column slices of the two value heads of a q/k head
@@ -383,6 +383,11 @@ def test_launch_config_heuristic(monkeypatch):
     assert walk(1, state_bytes=2) == (64, 2, 1, 1, 32)
     assert walk(256, K=256) == (64, 8, 4, 3, 32)  # 64 state elements a thread
     assert walk(256, K=256, state_bytes=2) == (64, 8, 4, 3, 32)  # fewer a thread past K = 128
+    # a value-first bf16 pool: 32-column slices over one warp, eight to a walk while programs allow
+    assert walk(256, state_bytes=2, v_first=True) == (32, 1, 8, 3, 32)
+    assert walk(64, state_bytes=2, v_first=True) == (32, 1, 8, 3, 32)
+    assert walk(16, state_bytes=2, v_first=True) == (32, 1, 2, 3, 32)
+    assert walk(256, v_first=True) == walk(256)  # fp32 ran the same in either layout
     assert decode.launch_config(256, 16, 48, 128, 128, gpu, one_token=True).SLICES == 2  # 3 heads of 2 slices
     monkeypatch.setattr(decode, "OVERRIDES", {"SLICES": 3})
     with pytest.raises(ValueError, match="SLICES=3 must divide the 4 V slices"):
@@ -518,7 +523,8 @@ def call(op, B, T, K=128, V=128, cu=None, pool_dtype=torch.float32, **kwargs):
     g, beta = torch.randn(B, T, 32), torch.rand(B, T, 32, dtype=torch.bfloat16)
     if op.endswith("_update"):
         N = B if cu is None else len(cu) - 1
-        pool = torch.zeros(2 * N, 32, K, V, dtype=pool_dtype)
+        inner = (V, K) if kwargs.get("state_v_first") else (K, V)
+        pool = torch.zeros(2 * N, 32, *inner, dtype=pool_dtype)
         kwargs.update(ssm_pool=pool, ssm_indices=torch.arange(N, dtype=torch.int32))
     if cu is not None:
         kwargs["cu_seqlens"] = torch.tensor(cu)
@@ -538,6 +544,10 @@ for knobs in ({}, {"BV": 32, "num_warps": 2}, {"BV": 16, "num_warps": 1, "STAGES
     for dtype in (torch.float32, torch.bfloat16):
         RESULT["usage"][f"pool T=1 {knobs} {dtype}"] = compile_sm90(call(POOL, 256, 1, pool_dtype=dtype))
 decode.OVERRIDES.clear()
+for dtype in (torch.float32, torch.bfloat16):  # a value-first pool: its own binary and walk
+    RESULT["usage"][f"value-first pool T=1 {dtype}"] = compile_sm90(
+        call(POOL, 256, 1, pool_dtype=dtype, state_v_first=True)
+    )
 for dtype in (torch.float32, torch.bfloat16):
     RESULT["usage"][f"pool T=1 K=V=256 {dtype}"] = compile_sm90(call(POOL, 256, 1, K=256, V=256, pool_dtype=dtype))
 RESULT["usage"]["plain varlen K=V=256"] = compile_sm90(

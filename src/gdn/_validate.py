@@ -329,11 +329,24 @@ class GdnShapes:
 
 @remember_accepted
 def check_gdn_inputs(
-    op: str, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+    op: str,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    initial_state,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel,
+    head_first,
+    state_v_first=False,
 ) -> tuple[GdnShapes, float]:
-    """The shared contract of the chunk and recurrent GDN ops (FLA layout)."""
+    """The shared contract of the chunk and recurrent GDN ops (FLA layout). The initial state is
+    [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
     c = Checker(op)
     c.head_first(head_first)
+    c.flag("state_v_first", state_v_first)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         c.tensor(name, t)
     c.tensor("initial_state", initial_state, optional=True)
@@ -374,28 +387,35 @@ def check_gdn_inputs(
         N = cu_seqlens.numel() - 1
     if initial_state is not None:
         c.float_dtype("initial_state", initial_state)
+        layout = "[N, HV, V, K] (state_v_first" if state_v_first else "[N, HV, K, V] ("
         c.shape(
             "initial_state",
             initial_state,
-            [N, HV, K, V],
-            "[N, HV, K, V] (N = B, or the number of sequences in cu_seqlens)",
+            [N, HV, V, K] if state_v_first else [N, HV, K, V],
+            f"{layout}; N = B, or the number of sequences in cu_seqlens)",
         )
     return GdnShapes(B, T, H, HV, K, V, N), c.scale(scale, K)
 
 
 @remember_accepted
 def check_pool_decode_inputs(
-    op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel
+    op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel, state_v_first=False
 ) -> tuple[GdnShapes, float]:
+    """The pool decode contract: ssm_pool [max_slots, HV, K, V], or [max_slots, HV, V, K] with
+    state_v_first."""
     c = Checker(op)
     c.tensor("ssm_pool", ssm_pool)
     c.tensor("ssm_indices", ssm_indices)
-    shapes, scale = check_gdn_inputs(op, q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, False)
+    shapes, scale = check_gdn_inputs(
+        op, q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, False, state_v_first
+    )
     c.same_device({"q": q, "ssm_pool": ssm_pool, "ssm_indices": ssm_indices})
-    c.ndim("ssm_pool", ssm_pool, 4, "[max_slots, HV, K, V]")
+    layout = "[max_slots, HV, V, K] (state_v_first)" if state_v_first else "[max_slots, HV, K, V]"
+    c.ndim("ssm_pool", ssm_pool, 4, layout)
     slots = ssm_pool.shape[0]
     c.positive("ssm_pool", slots, "max_slots")
-    c.shape("ssm_pool", ssm_pool, [slots, shapes.HV, shapes.K, shapes.V], "[max_slots, HV, K, V]")
+    inner = [shapes.V, shapes.K] if state_v_first else [shapes.K, shapes.V]
+    c.shape("ssm_pool", ssm_pool, [slots, shapes.HV, *inner], layout)
     c.float_dtype("ssm_pool", ssm_pool)
     c.slot_indices("ssm_indices", ssm_indices, shapes.N, "ssm_pool", slots)
     return shapes, scale

@@ -34,6 +34,10 @@ class Call:
             if isinstance(value, torch.Tensor):
                 yield value
 
+    def public_result(self, result):
+        """A backend's result as the public op returns it (backends compute in the contract's layout)."""
+        return result
+
 
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
@@ -55,17 +59,29 @@ class _Tokens(Call):
 
 @dataclass(slots=True)
 class GdnCall(_Tokens):
-    """chunk_gated_delta_rule and fused_recurrent_gated_delta_rule."""
+    """chunk_gated_delta_rule and fused_recurrent_gated_delta_rule. initial_state is [N, HV, K, V]
+    whatever the user's layout: with state_v_first it is the transposed view of the user's
+    [N, HV, V, K] tensor, and the final state goes back to the user in that layout (a backend that
+    writes it in that storage to begin with saves the copy)."""
 
     initial_state: torch.Tensor | None = None
     output_final_state: bool = False
     cu_seqlens: torch.Tensor | None = None
     use_qk_l2norm_in_kernel: bool = False
+    state_v_first: bool = False
+
+    def public_result(self, result):
+        o, final = result
+        if not self.state_v_first or final is None:
+            return result
+        return o, final.transpose(-1, -2).contiguous()
 
 
 @dataclass(slots=True)
 class PoolDecodeCall(_Tokens):
-    """fused_recurrent_gated_delta_rule_update: sequence n reads and writes ssm_pool[ssm_indices[n]]."""
+    """fused_recurrent_gated_delta_rule_update: sequence n reads and writes ssm_pool[ssm_indices[n]].
+    ssm_pool is [slots, HV, K, V] whatever the user's layout: with state_v_first it is the transposed
+    view of the user's [slots, HV, V, K] pool, written in place through that view."""
 
     ssm_pool: torch.Tensor
     ssm_indices: torch.Tensor
@@ -162,26 +178,52 @@ def _op(prepare: Callable[..., Call]) -> Callable[..., Call]:
     return prepare
 
 
-def _refuse_fla_features(
-    op: str, use_beta_sigmoid_in_kernel: object, allow_neg_eigval: object, state_v_first: object
-) -> check.Checker:
+def _refuse_fla_features(op: str, use_beta_sigmoid_in_kernel: object, allow_neg_eigval: object) -> check.Checker:
     c = check.Checker(op)
     c.unsupported("use_beta_sigmoid_in_kernel", use_beta_sigmoid_in_kernel, False, "beta = sigmoid(beta) in the kernel")
     c.unsupported("allow_neg_eigval", allow_neg_eigval, False, "beta scaled to (0, 2)")
-    c.unsupported("state_v_first", state_v_first, False, "the [N, HV, V, K] state layout")
     return c
 
 
+def _key_first(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
+    """A state in the contract's [.., K, V] layout: a [.., V, K] one (state_v_first) as its transposed
+    view, no copy (the kernels take strides, and a pool is written in place through the view)."""
+    return state.transpose(-1, -2) if state_v_first and state is not None else state
+
+
 def _gdn_call(
-    op, q, k, v, g, beta, scale, initial_state, output_final_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+    op,
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale,
+    initial_state,
+    output_final_state,
+    cu_seqlens,
+    use_qk_l2norm_in_kernel,
+    head_first,
+    state_v_first,
 ) -> GdnCall:
     """The shared contract of the chunk and recurrent ops, validated."""
     shapes, scale = check.check_gdn_inputs(
-        op, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first
+        op, q, k, v, g, beta, scale, initial_state, cu_seqlens, use_qk_l2norm_in_kernel, head_first, state_v_first
     )
     check.Checker(op).flag("output_final_state", output_final_state)
     return GdnCall(
-        q, k, v, g, beta, shapes, scale, initial_state, output_final_state, _dense(cu_seqlens), use_qk_l2norm_in_kernel
+        q,
+        k,
+        v,
+        g,
+        beta,
+        shapes,
+        scale,
+        _key_first(initial_state, state_v_first),
+        output_final_state,
+        _dense(cu_seqlens),
+        use_qk_l2norm_in_kernel,
+        state_v_first,
     )
 
 
@@ -209,10 +251,11 @@ def chunk_gated_delta_rule(
     """Chunked gated delta rule (training and prefill). Returns (o [B, T, HV, V], final_state | None).
 
     scale defaults to K**-0.5; with cu_seqlens [N + 1] the N sequences are packed along T (B = 1);
-    initial_state and the final state are [N, HV, K, V] fp32; differentiable in q, k, v, g, beta and
-    initial_state. The positions are fla's up to output_final_state; the rest are keyword-only. fla's
-    arguments for features gdn lacks are refused (TypeError) unless they hold their defaults."""
-    c = _refuse_fla_features("chunk_gated_delta_rule", use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
+    initial_state and the final state are [N, HV, K, V] fp32 ([N, HV, V, K] with state_v_first, fla's
+    value-first layout); differentiable in q, k, v, g, beta and initial_state. The positions are fla's
+    up to output_final_state; the rest are keyword-only. fla's arguments for features gdn lacks are
+    refused (TypeError) unless they hold their defaults."""
+    c = _refuse_fla_features("chunk_gated_delta_rule", use_beta_sigmoid_in_kernel, allow_neg_eigval)
     c.unsupported("cu_seqlens_cpu", cu_seqlens_cpu, None, "a host copy of cu_seqlens; pass cu_seqlens only")
     c.unsupported("chunk_indices", chunk_indices, None, "precomputed chunk indices; they follow from cu_seqlens")
     c.unsupported("cp_context", cp_context, None, "context parallelism")
@@ -229,6 +272,7 @@ def chunk_gated_delta_rule(
         cu_seqlens,
         use_qk_l2norm_in_kernel,
         head_first,
+        state_v_first,
     )
 
 
@@ -259,7 +303,7 @@ def fused_recurrent_gated_delta_rule(
     gv at positions 5-6, so beta and everything after g are keyword-only; fla's arguments for features
     gdn lacks are refused (TypeError) unless they hold their defaults."""
     op = "fused_recurrent_gated_delta_rule"
-    c = _refuse_fla_features(op, use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first)
+    c = _refuse_fla_features(op, use_beta_sigmoid_in_kernel, allow_neg_eigval)
     c.unsupported("gk", gk, None, "a per-key gate")
     c.unsupported("gv", gv, None, "a per-value gate")
     c.unsupported(
@@ -283,18 +327,30 @@ def fused_recurrent_gated_delta_rule(
         cu_seqlens,
         use_qk_l2norm_in_kernel,
         head_first,
+        state_v_first,
     )
 
 
 @_op
 def fused_recurrent_gated_delta_rule_update(
-    q, k, v, g, beta, ssm_pool, ssm_indices, scale=None, cu_seqlens=None, use_qk_l2norm_in_kernel=False
+    q,
+    k,
+    v,
+    g,
+    beta,
+    ssm_pool,
+    ssm_indices,
+    scale=None,
+    cu_seqlens=None,
+    use_qk_l2norm_in_kernel=False,
+    *,
+    state_v_first=False,
 ):
     """Decode against a state pool: sequence n reads and writes ssm_pool[ssm_indices[n]] in place
-    (ssm_pool [max_slots, HV, K, V] in fp32, bf16 or fp16: the recurrence runs in fp32 and the state
-    is rounded to the pool's dtype when written back, so a half-precision pool halves the state
-    traffic). Index -1 skips the sequence: its output is zero and the pool is untouched. Returns
-    o [B, T, HV, V]."""
+    (ssm_pool [max_slots, HV, K, V], or [max_slots, HV, V, K] with state_v_first, in fp32, bf16 or
+    fp16: the recurrence runs in fp32 and the state is rounded to the pool's dtype when written back,
+    so a half-precision pool halves the state traffic). Index -1 skips the sequence: its output is zero
+    and the pool is untouched. Returns o [B, T, HV, V]."""
     shapes, scale = check.check_pool_decode_inputs(
         "fused_recurrent_gated_delta_rule_update",
         q,
@@ -307,9 +363,20 @@ def fused_recurrent_gated_delta_rule_update(
         scale,
         cu_seqlens,
         use_qk_l2norm_in_kernel,
+        state_v_first,
     )
     return PoolDecodeCall(
-        q, k, v, g, beta, shapes, scale, ssm_pool, _dense(ssm_indices), _dense(cu_seqlens), use_qk_l2norm_in_kernel
+        q,
+        k,
+        v,
+        g,
+        beta,
+        shapes,
+        scale,
+        _key_first(ssm_pool, state_v_first),
+        _dense(ssm_indices),
+        _dense(cu_seqlens),
+        use_qk_l2norm_in_kernel,
     )
 
 

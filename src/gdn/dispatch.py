@@ -90,7 +90,7 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
             record_route(step.route)
             return step.run(*tensors)
     call, _, fn = serve(name, args, kwargs)
-    return fn(call)
+    return call.public_result(fn(call))
 
 
 def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -158,4 +158,4 @@ def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) ->
                 del _steps[next(iter(_steps))]  # the oldest
             _steps[key] = step
             _latest[name] = step
-    return fn(call)
+    return call.public_result(fn(call))

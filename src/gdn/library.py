@@ -39,6 +39,7 @@ GDN_ARGS = (
     ("output_final_state", "bool"),
     ("cu_seqlens", "Tensor?"),
     ("use_qk_l2norm_in_kernel", "bool"),
+    ("state_v_first", "bool"),
 )
 GDN_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
 
@@ -107,7 +108,8 @@ def _gdn_fake(op: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor, ...]]:
         o = v.new_empty(shapes.B, shapes.T, shapes.HV, shapes.V)
         if not values["output_final_state"]:
             return o, _empty(v)
-        return o, v.new_empty(shapes.N, shapes.HV, shapes.K, shapes.V, dtype=torch.float32)
+        inner = (shapes.V, shapes.K) if values["state_v_first"] else (shapes.K, shapes.V)
+        return o, v.new_empty(shapes.N, shapes.HV, *inner, dtype=torch.float32)
 
     return fake
 
@@ -157,6 +159,7 @@ OPS = (
             ("scale", "float?"),
             ("cu_seqlens", "Tensor?"),
             ("use_qk_l2norm_in_kernel", "bool"),
+            ("state_v_first", "bool"),
         ),
         1,
         fake=_like_first("fused_recurrent_gated_delta_rule_update", "v"),

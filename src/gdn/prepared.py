@@ -32,7 +32,7 @@ def _wants_grad(tensors: tuple) -> bool:
 
 class PreparedPoolDecode:
     """`fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, ssm_pool, ssm_indices, scale,
-    cu_seqlens, use_qk_l2norm_in_kernel)` prepared from one call's arguments (validated, resolved and,
+    cu_seqlens, use_qk_l2norm_in_kernel, *, state_v_first)` prepared from one call's arguments (validated, resolved and,
     where the backend guards the values, value-checked as the public call is); then
     `step(q, k, v, g, beta, ssm_indices) -> o` for each token, on the prepared pool with the prepared
     options. A step's tensors must match the prepared ones in type, shape, dtype, device and strides
@@ -53,12 +53,19 @@ class PreparedPoolDecode:
         scale: float | None = None,
         cu_seqlens: torch.Tensor | None = None,
         use_qk_l2norm_in_kernel: bool = False,
+        *,
+        state_v_first: bool = False,
     ) -> None:
         arguments = (q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
-        call, backend, fn = serve(OP, arguments, {})
+        call, backend, fn = serve(OP, arguments, {"state_v_first": state_v_first})
         self.route: str = last_route() or backend
         self._pool = ssm_pool
-        self._options = {"scale": scale, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}
+        self._options = {
+            "scale": scale,
+            "cu_seqlens": cu_seqlens,
+            "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
+            "state_v_first": state_v_first,
+        }
         self._same = SameMetadata((q, k, v, g, beta, ssm_indices))
         self._step: Callable[..., torch.Tensor] | None = prepared_step(OP, call, backend, fn)
 

@@ -24,7 +24,9 @@ same run: 1.67x, not the 2x a bf16 pool's bytes allow (ncu of the walk: issue-la
 element a bf16 walk executes about as many instructions as an fp32 one; bench/NOTES.md). Taking the
 loaded tile as it is and scaling the column sums by the decay cut a slice's loop 1381 -> 1269 instructions
 (bf16) and 680 -> 631 (fp32), and took the bf16 pool to 0.170 ms (0.048 at B = 64), the fp32 one
-unchanged at 0.289 (2026-12-04, decode-loaded-state-ab-2026-12-04.json): 1.70x.
+unchanged at 0.289 (2026-12-04, decode-loaded-state-ab-2026-12-04.json): 1.70x. A pool stored value-first
+([slots, HV, V, K], state_v_first) comes as its transposed view: K is then the contiguous axis, its
+slices are runs of whole K rows, and a bf16 pool took 0.152 ms, 1.89x (PIPELINED_BV below).
 
 The token count is a runtime argument that Triton does not specialize, and no other argument changes
 with it (token offsets are computed in the kernel from constexpr head counts and dims), so a new
@@ -95,10 +97,19 @@ THREADS_PER_WARP = 32
 # reads one warp's worth of indices a step (PIPELINED_BLOCK_N): at 2 warps a step of 64 spilled 4 bytes
 # of the bf16 walk's 255 registers (ptxas, sm_90), and 32 was as fast or faster on both pools (0.1772
 # against 0.1815 ms bf16, 0.2967 against 0.2968 fp32 at B = 256).
+# A value-first state ([.., V, K] in memory, K contiguous: fla's state_v_first, FlashInfer's bf16 layout)
+# keeps a slice's 64 or 32 V rows as one contiguous block of whole K rows (256 bytes a row in bf16), where
+# a key-first slice is 64 rows of 128 bytes strided by 256. On the H200 (2026-12-04,
+# bench/results/decode-state-layout-2026-12-04.json and decode-floor-state-layout-2026-12-04.json) a bf16
+# walk that only loads, scales and stores the state ran 0.142 ms value-first against 0.161 key-first at
+# B = 256; the bf16 step is fastest value-first in slices of 32 columns over one warp (128 elements a
+# thread), eight to a walk: 0.152 ms at B = 256 and 0.044 at B = 64, against 0.155 / 0.046 with the
+# key-first choices and 0.171 / 0.049 on a key-first pool. An fp32 state ran the same in either layout
+# (0.288 / 0.291 ms).
 PIPELINED_BLOCK_N = THREADS_PER_WARP
-PIPELINED_BV = 64
+PIPELINED_BV = {(4, False): 64, (2, False): 64, (4, True): 64, (2, True): 32}  # by (element size, value-first)
 PIPELINED_ELEMENTS = {4: 64, 2: 128}  # by the state's element size
-PIPELINED_MAX_SLICES = 4
+PIPELINED_MAX_SLICES = {(4, False): 4, (2, False): 4, (4, True): 4, (2, True): 8}
 PIPELINED_PROGRAMS_PER_SM = 6
 PIPELINED_STAGES = 3
 # Benchmark knobs, e.g. OVERRIDES.update(BV=16, num_warps=2); any key of LaunchConfig.
@@ -415,15 +426,16 @@ def launch_config(
     device: torch.device,
     one_token: bool = False,
     state_bytes: int = 4,
+    v_first: bool = False,
 ) -> LaunchConfig:
     """Several tokens per sequence: wide V slices (fewer redundant q/k loads) unless the grid would
     then be too small to keep the GPU's memory system busy, 128 state elements per thread, one slice per
-    program. One token per sequence (a decode step), with a state of `state_bytes` per element: the
-    PIPELINED_* choices above.
+    program. One token per sequence (a decode step), with a state of `state_bytes` per element, stored
+    value-first (K contiguous) or not: the PIPELINED_* choices above.
     Decided once per (shape, SM count, OVERRIDES): a decode step calls this every token, and deciding
     each time cost 3 of the 20 µs of Python in front of a B = 1 kernel (measured on a CPU host,
     2026-12-01)."""
-    return _launch_config(N, H, HV, K, V, processors(device), one_token, state_bytes, _overrides())
+    return _launch_config(N, H, HV, K, V, processors(device), one_token, state_bytes, v_first, _overrides())
 
 
 def _overrides() -> tuple:
@@ -433,14 +445,24 @@ def _overrides() -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def _launch_config(
-    N: int, H: int, HV: int, K: int, V: int, sms: int, one_token: bool, state_bytes: int, overrides: tuple
+    N: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    sms: int,
+    one_token: bool,
+    state_bytes: int,
+    v_first: bool,
+    overrides: tuple,
 ) -> LaunchConfig:
     unknown = {name for name, _ in overrides} - {f.name for f in fields(LaunchConfig)}
     if unknown:
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     BK = next_power_of_2(K)
     if one_token:
-        BV = min(PIPELINED_BV, next_power_of_2(V))
+        kind = (4 if state_bytes not in PIPELINED_ELEMENTS else state_bytes, v_first)
+        BV = min(PIPELINED_BV[kind], next_power_of_2(V))
         # the K-long q and k take registers too: past K = 128 a thread holds proportionally fewer state
         # elements (a bf16 walk at K = 256 with 128 a thread spilled 80 bytes, ptxas for sm_90)
         elements = PIPELINED_ELEMENTS.get(state_bytes, PIPELINED_ELEMENTS[4]) * 128 // max(128, BK)
@@ -449,7 +471,7 @@ def _launch_config(
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
         # a walk covers slices of the value heads of one q/k head: a power of two that divides their count
         per_head = HV // H * cdiv(V, cfg.BV)
-        slices = min(PIPELINED_MAX_SLICES, per_head & -per_head)
+        slices = min(PIPELINED_MAX_SLICES[kind], per_head & -per_head)
         while slices > 1 and N * H * per_head // slices < PIPELINED_PROGRAMS_PER_SM * sms:
             slices //= 2
         cfg = replace(cfg, SLICES=slices, STAGES=PIPELINED_STAGES if slices > 1 else 1)
@@ -481,6 +503,7 @@ def _step(
     V: int,
     sms: int,
     state_bytes: int,
+    v_first: bool,
     one_token: bool,
     flags: tuple[bool, ...],
     overrides: tuple,
@@ -489,7 +512,7 @@ def _step(
     every token, and reading sixteen keywords per launch into the launch key cost the B = 1 step more
     host time than its kernel's own launcher (measured on a CPU host with the launcher stubbed out).
     Not keyed by T: a prefill of another length reuses them. `flags`: as _constants takes them."""
-    cfg = _launch_config(N, H, HV, K, V, sms, one_token, state_bytes, overrides)
+    cfg = _launch_config(N, H, HV, K, V, sms, one_token, state_bytes, v_first, overrides)
     grid = (N, H * cdiv(HV // H * cdiv(V, cfg.BV), cfg.SLICES))
     return grid, _constants(H, HV, K, V, cfg, one_token, flags)
 
@@ -562,8 +585,9 @@ def _launcher(
     holds no tensor but cu_seqlens. `flags`: as _constants takes them."""
     one_token = shapes.T == 1 and cu_seqlens is None
     sms = processors(device)
+    v_first = state_strides[2] == 1 and state_strides[3] != 1  # K contiguous: [.., V, K] in memory
     grid, constants = _step(
-        shapes.N, shapes.H, shapes.HV, shapes.K, shapes.V, sms, state_bytes, one_token, flags, _overrides()
+        shapes.N, shapes.H, shapes.HV, shapes.K, shapes.V, sms, state_bytes, v_first, one_token, flags, _overrides()
     )
     tail = (scale, shapes.T, shapes.N, pool_slots if flags[0] else 0, *state_strides)
     kernel = PreparedLaunch(_recurrent_kernel, grid, constants, tail, device)
@@ -585,15 +609,28 @@ def _launcher(
     return packed_run
 
 
+def _dense_state(state: torch.Tensor, v_first: bool) -> torch.Tensor:
+    """state [N, HV, K, V] dense in its memory layout: [.., V, K] (K contiguous) where v_first."""
+    if v_first:
+        return state.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return state.contiguous()
+
+
 def fused_recurrent_gated_delta_rule(call: GdnCall):
     """The `fused_recurrent_gated_delta_rule` op of the triton backend (forward only). Returns
-    (o [B, T, HV, V] in v's dtype, final state [N, HV, K, V] fp32 or None)."""
+    (o [B, T, HV, V] in v's dtype, final state [N, HV, K, V] fp32 or None). With state_v_first the
+    states are read and written in the user's [.., V, K] storage: the final state is its transposed
+    view, so the public op returns it without a copy."""
     q, k, v, g, beta, initial_state = call.q, call.k, call.v, call.g, call.beta, call.initial_state
     refuse_grad("fused_recurrent_gated_delta_rule", q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
     shapes = call.shapes
     N, HV, K, V = shapes.N, shapes.HV, shapes.K, shapes.V
-    h0 = None if initial_state is None else initial_state.contiguous()
-    ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device) if call.output_final_state else None
+    v_first = call.state_v_first
+    h0 = None if initial_state is None else _dense_state(initial_state, v_first)
+    ht = None
+    if call.output_final_state:
+        ht = torch.empty(N, HV, *((V, K) if v_first else (K, V)), dtype=torch.float32, device=q.device)
+        ht = ht.transpose(-1, -2) if v_first else ht
     o = _launch(
         q,
         k,
@@ -607,7 +644,7 @@ def fused_recurrent_gated_delta_rule(call: GdnCall):
         h0,
         ht,
         None,
-        (HV * K * V, K * V, V, 1),  # both h0 and ht are contiguous [N, HV, K, V]
+        (HV * K * V, K * V, 1, K) if v_first else (HV * K * V, K * V, V, 1),  # h0 and ht: dense, one layout
     )
     return o, ht
 
