@@ -46,6 +46,7 @@ class _Step:
     resolution: Resolution
     route: str | None
     run: Callable | None
+    device_type: str  # the tensors' (same() checks the device): reading a tensor's device costs a µs
 
 
 # _step_key -> the step of calls with that key
@@ -105,7 +106,7 @@ def _repeats(step: _Step, name: str, tensors: tuple, options: tuple, kwargs: dic
         step.same(*tensors)
         and _options(options, kwargs) == step.options
         and check.value_check_mode() == step.mode
-        and decided(name, tensors[0].device) is step.resolution
+        and decided(name, step.device_type) is step.resolution
     )
 
 
@@ -123,7 +124,7 @@ def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tup
         if type(value) not in _OPTION_TYPES:
             return None
     first = args[0]
-    resolution = decided(name, first.device) if isinstance(first, torch.Tensor) else None
+    resolution = decided(name, first.device.type) if isinstance(first, torch.Tensor) else None
     if resolution is None:
         return None
     tensors = metadata(args[:width])
@@ -143,7 +144,7 @@ def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) ->
     """The full path for a call, remembering its prepared step (or that it has none) for the calls
     that repeat its metadata."""
     call, backend, fn = serve(name, args, kwargs)
-    resolution = decided(name, call.device)
+    resolution = decided(name, call.device.type)
     if id(resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
         step = _Step(
             SameMetadata(args[: STEP_TENSORS[name]]),
@@ -152,6 +153,7 @@ def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) ->
             resolution,
             last_route(),
             prepared_step(name, call, backend, fn),
+            call.device.type,
         )
         with _steps_lock:
             if len(_steps) >= MAX_STEPS:

@@ -260,10 +260,10 @@ def resolve(op: str, device: torch.device | str, like: Call | None = None) -> Re
         return res
 
 
-def decided(op: str, device: torch.device) -> Resolution | None:
+def decided(op: str, device_type: str) -> Resolution | None:
     """The decision resolve() made for (op, device type, compute mode), or None before it has made one
     (nothing is probed here)."""
-    return _cache.get((op, device.type, compute_mode()))
+    return _cache.get((op, device_type, compute_mode()))
 
 
 _training_fallbacks: set[tuple[str, str, str]] = set()
