@@ -3,8 +3,9 @@
 
 Training step: conv (SiLU) -> q/k l2norm -> gating -> chunk op -> loss, forward and backward, at
 (B, T) = (1, 4096), H = 16, HV = 32, K = V = 128, bf16 (gates fp32). Decode step: conv update -> pool
-decode (fp32 state pool of 2B slots) at B = 64. Compiled with backend "inductor" and fullgraph; the ops
-run inside as gdn's custom ops (gdn.library), whose backward recomputes the forward.
+decode (fp32 state pool of 2B slots, and a bf16 pool stored value-first) at B = 64. Compiled with
+backend "inductor" and fullgraph; the ops run inside as gdn's custom ops (gdn.library), whose backward
+recomputes the forward.
 
 Usage: PYTHONPATH=src:. python -m bench.compile
 """
@@ -60,6 +61,29 @@ def decode_step(x, conv_state, weight, bias, q, k, v, g, beta, pool, slots):
     return o.float().mean() + mixed.float().mean()
 
 
+def value_first_decode_step(x, conv_state, weight, bias, q, k, v, g, beta, pool, slots):
+    """The same step on a pool stored value-first ([slots, HV, V, K])."""
+    mixed = gdn.causal_conv1d_update(x, conv_state, weight, bias, "silu")
+    o = gdn.fused_recurrent_gated_delta_rule_update(
+        q, k, v, g, beta, pool, slots, use_qk_l2norm_in_kernel=True, state_v_first=True
+    )
+    return o.float().mean() + mixed.float().mean()
+
+
+def decode_row(name: str, step, inputs: dict[str, torch.Tensor]) -> dict:
+    torch._dynamo.reset()
+    with torch.no_grad():
+        breaks = torch._dynamo.explain(step)(**{n: t.clone() for n, t in inputs.items()}).graph_break_count
+        eager_inputs = {n: t.clone() for n, t in inputs.items()}
+        expected = step(**eager_inputs)
+        compiled_step = torch.compile(step, fullgraph=True)
+        got = compiled_step(**inputs)
+        worst = max(rel(got, expected), rel(inputs["pool"], eager_inputs["pool"]))
+        return {"step": name, "graph_breaks": breaks, "max_rel_err_vs_eager": f"{worst:.2e}",
+                "eager_ms": round(median_ms(lambda: step(**inputs)), 4),
+                "compiled_ms": round(median_ms(lambda: compiled_step(**inputs)), 4)}  # fmt: skip
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30))
 
@@ -85,18 +109,13 @@ def main() -> None:
         weight=layer.conv_weight.detach(),
         bias=layer.conv_bias.detach(),
     )
-    inputs = dict(**conv, q=q, k=k, v=v, g=g, beta=beta, pool=pool, slots=slots)
-    torch._dynamo.reset()
-    with torch.no_grad():
-        breaks = torch._dynamo.explain(decode_step)(**{n: t.clone() for n, t in inputs.items()}).graph_break_count
-        eager_inputs = {n: t.clone() for n, t in inputs.items()}
-        expected = decode_step(**eager_inputs)
-        compiled_step = torch.compile(decode_step, fullgraph=True)
-        got = compiled_step(**inputs)
-        worst = max(rel(got, expected), rel(inputs["pool"], eager_inputs["pool"]))
-        rows.append({"step": "decode", "graph_breaks": breaks, "max_rel_err_vs_eager": f"{worst:.2e}",
-                     "eager_ms": round(median_ms(lambda: decode_step(**inputs)), 4),
-                     "compiled_ms": round(median_ms(lambda: compiled_step(**inputs)), 4)})  # fmt: skip
+    value_first_pool = pool.to(torch.bfloat16).transpose(-1, -2).contiguous()
+    for name, step, state in (
+        ("decode", decode_step, pool),
+        ("decode, bf16 value-first pool", value_first_decode_step, value_first_pool),
+    ):
+        inputs = dict(**conv, q=q, k=k, v=v, g=g, beta=beta, pool=state, slots=slots)
+        rows.append(decode_row(name, step, inputs))
     print_table(rows, ["step", "graph_breaks", "max_rel_err_vs_eager", "eager_ms", "compiled_ms"])
     payload = {
         "environment": env,
