@@ -19,7 +19,6 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 import gdn
-from gdn.backends.triton import decode
 from gdn.calls import PREPARE
 from gdn.resolve import backends, compute_mode_override
 from implementations import implementation
@@ -157,28 +156,3 @@ def test_a_state_in_the_other_layout_is_refused_by_name(op, gen):
         PREPARE[op](**args, state_v_first=True)
     with pytest.raises(TypeError, match="argument 'state_v_first' expected a bool"):
         PREPARE[op](**dict(args, **{name: _value_first(args[name])}), state_v_first=1)
-
-
-@pytest.mark.single_op
-def test_the_decode_launch_takes_the_layout_from_the_pools_strides(gen, monkeypatch):
-    """A value-first pool gets the value-first walk (one 32-column slice a warp for bf16), with no flag
-    but the strides; the key-first pool keeps its own."""
-    seen = []
-    step = decode._step
-
-    def recording(*args):
-        seen.append(args[7])  # v_first
-        return step(*args)
-
-    monkeypatch.setattr(decode, "_step", recording)
-    args = _inputs("fused_recurrent_gated_delta_rule_update", gen)
-    args.update(cu_seqlens=None, q=args["q"][:, :3].transpose(0, 1), k=args["k"][:, :3].transpose(0, 1))
-    args.update(v=args["v"][:, :3].transpose(0, 1), g=args["g"][:, :3].transpose(0, 1))
-    args.update(beta=args["beta"][:, :3].transpose(0, 1), ssm_pool=args["ssm_pool"].to(torch.bfloat16))
-    value_first = dict(args, ssm_pool=_value_first(args["ssm_pool"]), state_v_first=True)
-    with torch.no_grad():
-        key_out = decode.fused_recurrent_gated_delta_rule_update(PREPARE[OPS[2]](**args))
-        value_out = decode.fused_recurrent_gated_delta_rule_update(PREPARE[OPS[2]](**value_first))
-    assert seen == [False, True]
-    assert torch.allclose(key_out.float(), value_out.float(), rtol=1e-2, atol=1e-2)
-    assert torch.allclose(value_first["ssm_pool"].float(), _value_first(args["ssm_pool"]).float(), atol=1e-2)

@@ -356,6 +356,42 @@ def test_forward_only_refuses_inputs_that_need_gradients(gen):
 
 
 @pytest.mark.single_op
+def test_the_launch_takes_the_pools_layout_from_its_strides(gen, monkeypatch):
+    """A value-first pool ([slots, HV, V, K], state_v_first) gets the value-first walk with no flag but
+    the strides the call's transposed view has; the key-first pool keeps its own. Both give the same
+    outputs and write the same states, each pool in its layout."""
+    seen = []
+    step = decode._step
+
+    def recording(*args):
+        seen.append(args[7])  # v_first
+        return step(*args)
+
+    monkeypatch.setattr(decode, "_step", recording)
+    q, k, v, g, beta = make_inputs(gen, 3, 1, 2, 4, 16, 8)
+    key_first = random_pool(gen, 5, 4, 16, 8).to(torch.bfloat16)
+    value_first = key_first.transpose(-1, -2).contiguous()
+    indices = torch.tensor([3, -1, 0], dtype=torch.int32, device=DEVICE)
+    with torch.no_grad():
+        o_key = run(decode.fused_recurrent_gated_delta_rule_update, POOL, q, k, v, g, beta, key_first, indices)
+        o_value = run(
+            decode.fused_recurrent_gated_delta_rule_update,
+            POOL,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            value_first,
+            indices,
+            state_v_first=True,
+        )
+    assert seen == [False, True]
+    assert rel_err(o_value, o_key) <= TOL[torch.bfloat16]
+    assert rel_err(value_first, key_first.transpose(-1, -2)) <= TOL[torch.bfloat16]
+
+
+@pytest.mark.single_op
 def test_launch_config_heuristic(monkeypatch):
     monkeypatch.setattr(decode, "processors", lambda device: 132)
     gpu = torch.device("cuda", 0)
