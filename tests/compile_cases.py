@@ -15,6 +15,7 @@ from gdn.resolve import compute_mode_override, last_route
 from reference import rel_err
 
 B, T, H, HV, K, V, D, W = 2, 9, 1, 2, 8, 8, 16, 4
+VS = 4  # the op cases' value dim: K != V, so a state's layout shows in its shape
 
 
 def op_cases(device: str, gen: torch.Generator, *, grad: bool) -> dict[str, tuple]:
@@ -27,14 +28,14 @@ def op_cases(device: str, gen: torch.Generator, *, grad: bool) -> dict[str, tupl
 
     def gdn_args(plain_state: bool, v_first: bool) -> tuple:
         q, k = randn(B, T, H, K, needs_grad=True), randn(B, T, H, K, needs_grad=True)
-        v = randn(B, T, HV, V, needs_grad=True)
+        v = randn(B, T, HV, VS, needs_grad=True)
         g = (-torch.rand(B, T, HV, generator=gen) * 0.5).to(device).requires_grad_(grad)
         beta = torch.rand(B, T, HV, generator=gen).to(device).requires_grad_(grad)
-        h0 = randn(B, HV, *((V, K) if v_first else (K, V)), scale=0.1, needs_grad=plain_state)
+        h0 = randn(B, HV, *((VS, K) if v_first else (K, VS)), scale=0.1, needs_grad=plain_state)
         return q, k, v, g, beta, None, h0, True, None, True, v_first
 
     q, k, v, g, beta = (t.detach() for t in gdn_args(False, False)[:5])
-    pool = randn(2 * B, HV, V, K, scale=0.1)  # value-first, as the pool op's case passes it
+    pool = randn(2 * B, HV, VS, K, scale=0.1)  # value-first, as the pool op's case passes it
     slots = torch.randperm(2 * B, generator=gen)[:B].to(device, torch.int32)
     x_seq = randn(B, D, T, needs_grad=True)
     weight, bias = randn(D, W, needs_grad=True), randn(D, needs_grad=True)

@@ -156,3 +156,21 @@ def test_a_state_in_the_other_layout_is_refused_by_name(op, gen):
         PREPARE[op](**args, state_v_first=True)
     with pytest.raises(TypeError, match="argument 'state_v_first' expected a bool"):
         PREPARE[op](**dict(args, **{name: _value_first(args[name])}), state_v_first=1)
+
+
+@pytest.mark.single_op
+def test_a_prepared_decode_step_takes_a_value_first_pool(gen):
+    """gdn.PreparedPoolDecode with state_v_first: each step writes the value-first pool as the key-first
+    step writes its own, and gives the same outputs."""
+    op = "fused_recurrent_gated_delta_rule_update"
+    args = _inputs(op, gen)
+    tokens = [args[n][:, :3].transpose(0, 1).contiguous() for n in ("q", "k", "v", "g", "beta")]
+    key_first, indices = args["ssm_pool"], args["ssm_indices"]
+    value_first = _value_first(key_first)
+    with torch.no_grad():
+        key_step = gdn.PreparedPoolDecode(*tokens, key_first, indices)
+        value_step = gdn.PreparedPoolDecode(*tokens, value_first, indices, state_v_first=True)
+        for _ in range(2):
+            expected, got = key_step(*tokens, indices), value_step(*tokens, indices)
+            assert torch.allclose(got, expected, rtol=1e-5, atol=1e-5), f"max diff {(got - expected).abs().max()}"
+    assert torch.allclose(value_first, _value_first(key_first), rtol=1e-5, atol=1e-5)

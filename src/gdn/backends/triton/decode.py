@@ -461,11 +461,12 @@ def _launch_config(
         raise KeyError(f"decode.OVERRIDES: unknown fields {sorted(unknown)}")
     BK = next_power_of_2(K)
     if one_token:
-        kind = (4 if state_bytes not in PIPELINED_ELEMENTS else state_bytes, v_first)
+        size = state_bytes if state_bytes in PIPELINED_ELEMENTS else 4
+        kind = (size, v_first)
         BV = min(PIPELINED_BV[kind], next_power_of_2(V))
         # the K-long q and k take registers too: past K = 128 a thread holds proportionally fewer state
         # elements (a bf16 walk at K = 256 with 128 a thread spilled 80 bytes, ptxas for sm_90)
-        elements = PIPELINED_ELEMENTS.get(state_bytes, PIPELINED_ELEMENTS[4]) * 128 // max(128, BK)
+        elements = PIPELINED_ELEMENTS[size] * 128 // max(128, BK)
         warps = max(1, min(8, BK * BV // (32 * elements)))
         cfg = LaunchConfig(BK=BK, BV=BV, num_warps=warps, BLOCK_N=PIPELINED_BLOCK_N)
         cfg = replace(cfg, **{name: value for name, value in overrides if name in ("BV", "num_warps")})
