@@ -1,7 +1,7 @@
-"""CUDA graphs: a decode step (conv update, pool decode) and a dense prefill (chunk op forward) captured
-once and replayed with new inputs copied into the captured tensors give what the same calls give
-outside a graph, pools included. Packed prefill (cu_seqlens) is not capturable: its launch grid
-follows the sequence lengths, which the chunk op reads on the host."""
+"""CUDA graphs: a decode step (conv update, pool decode), a dense prefill and a packed one (chunk op
+forward, cu_seqlens) captured once and replayed with new inputs copied into the captured tensors give
+what the same calls give outside a graph, pools included. A packed prefill plans its chunks on the
+device (its grid an upper bound that reads no value), so a replay may take other sequence lengths."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import torch
 
 import gdn
 from compile_cases import HV, B, H, K, T, V, decode_inputs, decode_step
+from gdn.backends.triton._common import cdiv, processors
+from gdn.resolve import compute_mode_override
 from reference import rel_err
 
 pytestmark = [
@@ -79,3 +81,42 @@ def prefill_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def test_a_dense_prefill_replays_with_new_inputs_like_the_eager_call(gen):
     replay_equals_eager(prefill, prefill_inputs(gen), prefill_inputs(gen))
+
+
+def packed_prefill(q, k, v, g, beta, h0, cu_seqlens):
+    return gdn.chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=True
+    )
+
+
+def packed_inputs(gen: torch.Generator, N: int, heads: int, bounds: list[int]) -> dict[str, torch.Tensor]:
+    T = bounds[-1]
+
+    def randn(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).cuda()
+
+    return dict(
+        q=randn(1, T, 1, 32),
+        k=randn(1, T, 1, 32),
+        v=randn(1, T, heads, 32),
+        g=-torch.rand(1, T, heads, generator=gen).cuda() * 0.5,
+        beta=torch.rand(1, T, heads, generator=gen).cuda(),
+        h0=randn(N, heads, 32, 32, scale=0.1),
+        cu_seqlens=torch.tensor(bounds, dtype=torch.int32).cuda(),
+    )
+
+
+@torch.no_grad()
+def test_a_packed_prefill_replays_with_new_lengths_like_the_eager_call(gen):
+    """Captured with one set of sequence lengths and replayed with another (the same lengths in another
+    order: same N, same T): the plan is made on the device, so the replay serves the new lengths.
+    Enough sequences that the state passes do not split them (a split reads the plan back to the host:
+    gdn.backends.triton.chunk._plan)."""
+    heads = 4
+    N = cdiv(3 * processors(torch.device("cuda")), 8 * heads) + 1  # config.could_split's bound, passed
+    lengths = torch.randint(1, 200, (N,), generator=gen)
+    lengths[0], lengths[-1] = 64, 1  # a whole chunk, one token
+    static = [0, *lengths.cumsum(0).tolist()]
+    fresh = [0, *lengths[torch.randperm(N, generator=gen)].cumsum(0).tolist()]
+    with compute_mode_override("triton"):
+        replay_equals_eager(packed_prefill, packed_inputs(gen, N, heads, static), packed_inputs(gen, N, heads, fresh))

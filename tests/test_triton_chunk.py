@@ -26,10 +26,10 @@ triton = pytest.importorskip("triton")
 from gdn import numeric_probe  # noqa: E402 - after TRITON_INTERPRET
 from gdn import resolve as resolver  # noqa: E402
 from gdn.backends.triton import chunk as triton_chunk  # noqa: E402
-from gdn.backends.triton import compile_ahead  # noqa: E402
+from gdn.backends.triton import chunk_index, compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
-from gdn.backends.triton.chunk_index import plan_chunks, split_sequences  # noqa: E402
+from gdn.backends.triton.chunk_index import plan_chunks, read_back, split_sequences  # noqa: E402
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
@@ -43,7 +43,9 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # 9.4e-3; every other output and gradient at most 7.8e-3. A wrong term is off by O(1).
 HALF_REDUCED_GRAD_TOL = {"dg": 2e-2, "dbeta": 2e-2}
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-KERNEL_MODULES = (wy, wy_bwd, state, output, qk_grads, triton_l2norm)
+KERNEL_MODULES = (chunk_index, wy, wy_bwd, state, output, qk_grads, triton_l2norm)
+# the packed plan's kernels (a packed call's, on the device)
+TABLE_KERNELS = {"_offsets_kernel", "_chunk_rows_kernel"}
 
 
 def triton_op(q, k, v, g, beta, **kwargs):
@@ -288,7 +290,10 @@ def test_split_backward_reads_the_forward_maps_transposed(gen, monkeypatch):
         state.state_backward(q, k, w, gc, do, dv.clone(), dht, True, 0.3, plan, tiles, dot, dot, m)
         for m in (None, maps)
     )
+    chunks = int(plan.host_offsets[0, -1])  # dh's rows past them (the grid's bound) are never written
     for name, a, b in zip(("dh", "dv", "dh0"), own, reused, strict=True):
+        if name == "dh":
+            a, b = a[:chunks], b[:chunks]
         assert rel_err(b, a) < 1e-5, (name, rel_err(b, a))
 
 
@@ -360,14 +365,186 @@ def test_output_kernel_path_matches_fp64_recurrence(l2norm, gen, monkeypatch):
 def test_packed_segments_tables():
     """Segments of two chunks over sequences of 0, 70, 230 and 30 tokens: one (empty) segment, one, two
     (128 + 102 tokens), one; bounds, first chunks and each sequence's first segment."""
-    plan = plan_chunks(1, 330, torch.tensor([0, 0, 70, 300, 330]), config.CHUNK, torch.device("cpu"))
-    split = split_sequences(plan, 2).split
+    cu = torch.tensor([0, 0, 70, 300, 330], device=DEVICE)
+    split = split_sequences(read_back(plan_chunks(1, 330, cu, config.CHUNK, torch.device(DEVICE))), 2).split
     assert split.count == 5
     assert split.bounds.tolist() == [0, 0, 70, 198, 300, 330]
     assert split.chunk_offsets.tolist() == [0, 0, 2, 4, 6, 7]
     assert split.first.tolist() == [0, 1, 2, 4, 5]
     dense = split_sequences(plan_chunks(3, 330, None, config.CHUNK, torch.device("cpu")), 2).split
     assert (dense.count, dense.per_sequence, dense.tokens) == (9, 3, 128)
+
+
+def host_plan(bounds: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed plan's tables as the host computed them before they were planned on the device:
+    (chunk offsets [N + 1], (sequence, chunk within it) of every chunk [chunks, 2], the offsets)."""
+    cu = torch.tensor(bounds, dtype=torch.int64)
+    counts = (cu[1:] - cu[:-1] + config.CHUNK - 1) // config.CHUNK
+    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    sequence = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    within = torch.arange(int(offsets[-1])) - offsets[sequence]
+    return offsets, torch.stack([sequence, within], dim=1), cu
+
+
+# packed sequences: lengths of 1, of whole chunks, uneven tails and an empty one
+PACKED_BOUNDS = [[0, 1, 65, 129, 192, 250], [0, 64, 64, 127, 128], [0, 300]]
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("bounds", [*PACKED_BOUNDS, list(range(0, 70_001, 7))], ids=["uneven", "whole", "one", "10k"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64], ids=str)
+def test_device_plan_tables_are_the_host_plans(bounds, dtype):
+    """The packed plan's tables computed on the device (no host copy): the offsets, each sequence's first
+    chunk and every chunk's (sequence, chunk within it) as the host plan had them, over a grid of
+    T // 64 + N rows whose rows past the last chunk lie past the last sequence's end; the flag unset."""
+    T, N = bounds[-1], len(bounds) - 1
+    plan = plan_chunks(1, T, torch.tensor(bounds, dtype=dtype, device=DEVICE), config.CHUNK, torch.device(DEVICE))
+    offsets, indices, cu = host_plan(bounds)
+    chunks = int(offsets[-1])
+    assert plan.num_chunks == T // config.CHUNK + N >= chunks
+    assert plan.cu_seqlens.dtype == plan.chunk_offsets.dtype == plan.chunk_indices.dtype == torch.int32
+    assert plan.cu_seqlens.cpu().tolist() == cu.tolist() and plan.bad_offsets.cpu().tolist() == [0]
+    assert plan.chunk_offsets.cpu().tolist() == offsets.tolist()
+    rows = plan.chunk_indices.cpu().long()
+    assert torch.equal(rows[:chunks], indices)
+    past = rows[chunks:]
+    assert (past[:, 0] == N - 1).all() and (past[:, 1] * config.CHUNK >= int(cu[-1] - cu[-2])).all()
+    for where in (plan.cu_seqlens, plan.chunk_offsets, plan.chunk_indices):  # 16-byte aligned for any N
+        assert where.data_ptr() % 16 == 0
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(
+    "bounds",
+    [[0, 3, 2, 7], [0, 3, 9, 7], [1, 3, 5, 7], [0, 3, 5, 6], [-5, 3, 5, 7], [0, 2**40, 5, 7]],
+    ids=["decreasing", "past-the-tokens", "first-not-0", "last-not-T", "negative", "past-int32"],
+)
+def test_refused_offsets_plan_one_sequence_of_every_token(bounds):
+    """Offsets out of order or not from 0 to T: the flag set, and the tables of sequence 0 over all T
+    tokens and the others empty (every row in range, whatever the values)."""
+    T = 7
+    plan = plan_chunks(1, T, torch.tensor(bounds, device=DEVICE), config.CHUNK, torch.device(DEVICE))
+    assert plan.bad_offsets.cpu().tolist() != [0]
+    assert plan.cu_seqlens.cpu().tolist() == [0, 7, 7, 7]
+    assert plan.chunk_offsets.cpu().tolist() == [0, 1, 1, 1]
+    assert plan.chunk_indices.cpu().tolist()[:1] == [[0, 0]]
+
+
+def same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    as_int = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(as_int), b.contiguous().view(as_int))
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(
+    ("bounds", "dtype", "states"),
+    [
+        (PACKED_BOUNDS[0], torch.float32, True),
+        (PACKED_BOUNDS[1], torch.bfloat16, True),
+        (PACKED_BOUNDS[1], torch.bfloat16, False),
+        (PACKED_BOUNDS[0], torch.bfloat16, False),
+    ],
+    ids=["fp32-states", "bf16-states", "bf16", "bf16-uneven"],
+)
+def test_device_plan_gives_the_host_plans_answer_bit_for_bit(bounds, dtype, states, gen):
+    """A packed call over the device plan (its grid an upper bound, its rows past the last chunk ended
+    early) and over the host plan's tables (one row per chunk): the output, the final state and every
+    gradient bit for bit equal, with and without initial and final states."""
+    T, N = bounds[-1], len(bounds) - 1
+    inputs = make_inputs(gen, T, 1, 2, 32, 48, N=N, dtype=dtype, with_state=states)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    do = torch.randn(1, T, 2, 48, generator=gen).to(DEVICE, dtype)
+    dht = torch.randn(N, 2, 32, 48, generator=gen).to(DEVICE)
+    device_plan = plan_chunks(1, T, cu, config.CHUNK, torch.device(DEVICE))
+    offsets, indices, _ = host_plan(bounds)
+
+    def on(device: torch.Tensor) -> torch.Tensor:
+        return device.to(DEVICE, torch.int32)
+
+    old = dataclasses.replace(
+        device_plan,
+        num_chunks=int(offsets[-1]),
+        chunk_indices=on(indices),
+        chunk_offsets=on(offsets),
+        cu_seqlens=cu,
+        bad_offsets=torch.zeros(1, dtype=torch.int32, device=DEVICE),
+    )
+    results = []
+    for plan in (old, device_plan):
+        leaves = [None if x is None else x.detach().clone().to(DEVICE).requires_grad_() for x in inputs]
+        call = PREPARE["chunk_gated_delta_rule"](
+            *leaves[:5], initial_state=leaves[5], output_final_state=states, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+        )
+        o, final = triton_chunk.ChunkGatedDeltaRuleFunction.apply(*triton_chunk._arguments(call, plan))
+        loss = (o.float() * do.float()).sum() + (final * dht).sum() if states else (o.float() * do.float()).sum()
+        loss.backward()
+        results.append([o, final, *(None if x is None else x.grad for x in leaves)])
+    for name, a, b in zip(("o", "final_state", *GRAD_NAMES), *results, strict=True):
+        assert same_bits(a, b), name
+
+
+@pytest.mark.single_op
+def test_a_dense_batch_and_its_sequences_packed_agree_bit_for_bit(gen):
+    """Two sequences of 130 tokens as a dense batch (arithmetic plan) and packed (the device plan):
+    the same output, final state and gradients, bit for bit."""
+    q, k, v, g, beta, h0 = make_inputs(gen, 130, 1, 2, 32, 48, B=2, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 130, 260], dtype=torch.int32, device=DEVICE)
+    results = []
+    for packed in (False, True):
+        xs = [x.flatten(0, 1).unsqueeze(0) if packed else x for x in (q, k, v, g, beta)]
+        leaves = [x.detach().clone().to(DEVICE).requires_grad_() for x in (*xs, h0)]
+        o, final = triton_op(
+            *leaves[:5],
+            initial_state=leaves[5],
+            output_final_state=True,
+            cu_seqlens=cu if packed else None,
+            use_qk_l2norm_in_kernel=True,
+        )
+        (o.float().sum() + final.sum()).backward()
+        grads = [x.grad.reshape_as(y) for x, y in zip(leaves, (q, k, v, g, beta, h0), strict=True)]
+        results.append([o.reshape(2, 130, 2, 48), final, *grads])
+    for name, a, b in zip(("o", "final_state", *GRAD_NAMES), *results, strict=True):
+        assert same_bits(a, b), name
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize(
+    "bounds", [[0, 30, 20, 90], [0, 30, 95, 90], [0, 30, 60, 80]], ids=["decreasing", "past", "short"]
+)
+def test_refused_offsets_give_nan_and_are_read_nowhere_on_the_host(bounds, gen, monkeypatch):
+    """The public chunk op on the triton backend with bad cu_seqlens: no host read of the offsets (the
+    kernels check them), and every output, final state and gradient NaN; GDN_VALUE_CHECKS=1 runs the
+    host check, which names the entry."""
+    import gdn
+    from gdn import _validate
+    from gdn.resolve import compute_mode_override
+
+    T, N = 90, len(bounds) - 1
+    inputs = make_inputs(gen, T, 1, 2, 32, 48, N=N)
+    host_reads = []
+    original = _validate.Checker._offset_values
+    monkeypatch.setattr(
+        _validate.Checker, "_offset_values", lambda self, *a: host_reads.append(a[0]) or original(self, *a)
+    )
+    with compute_mode_override("triton"):
+        good = torch.tensor([0, 30, 60, 90], dtype=torch.int32, device=DEVICE)
+        leaves = [x.to(DEVICE).requires_grad_() for x in inputs]
+        gdn.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=good)
+        host_reads.clear()  # the resolution's numeric probe validated its own calls
+        cu = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+        o, final = gdn.chunk_gated_delta_rule(
+            *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu
+        )
+        (o.sum() + final.sum()).backward()
+        assert host_reads == []
+        assert o.isnan().all() and final.isnan().all()
+        for name, leaf in zip(GRAD_NAMES, leaves, strict=True):
+            assert leaf.grad.isnan().all(), name
+        monkeypatch.setenv("GDN_VALUE_CHECKS", "1")
+        with pytest.raises(ValueError, match="cu_seqlens"):
+            gdn.chunk_gated_delta_rule(*leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu)
 
 
 @pytest.mark.single_op
@@ -655,7 +832,7 @@ def test_unknown_knob_is_an_error(monkeypatch):
 class Launches:
     """Every launch of the chunk and l2norm kernels: (kernel, grid, args, kwargs, warm-up only). Under
     the interpreter the kernels are not run (only what is launched is of interest, and tensors stay
-    unwritten).
+    unwritten), but for the packed plan's table kernels, whose tables a split reads back.
 
     A recorder stands in for each kernel in its module and catches `kernel[grid](...)` itself: patching
     the kernel's `run` misses the launches of Triton 3.2's interpreter, whose `[grid]` bypasses `run`."""
@@ -675,7 +852,10 @@ class _Recorder:
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.calls.append((self.kernel, grid, args, kwargs, False))
-            return None if is_interpreting() else self.kernel[grid](*args, **kwargs)
+            # the plan's tables are run under the interpreter too: a split reads them back
+            if is_interpreting() and self.kernel.fn.__name__ not in TABLE_KERNELS:
+                return None
+            return self.kernel[grid](*args, **kwargs)
 
         return launch
 
@@ -733,11 +913,27 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
         for kernel, _, args, kwargs, _ in launches.calls:
             keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
     first = keys[LENGTHS[0]]
-    # the interpreter's tiles write the output in the forward's state pass: no output kernel
-    assert len([name for name in first if "l2norm" not in name]) == (10 if split else 7)
+    # the interpreter's tiles write the output in the forward's state pass: no output kernel; the packed
+    # calls' two table kernels
+    assert len([name for name in first if "l2norm" not in name]) == (12 if split else 9)
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_the_table_kernels_specialize_alike_across_sequence_counts(monkeypatch):
+    """The packed plan's kernels take the number of sequences and the grid's rows at runtime: one
+    binary each for any N and T (per offsets dtype)."""
+    launches = Launches(monkeypatch)
+    keys: dict[str, set[str]] = {}
+    for N, T in ((1, 1), (2, 64), (3, 200), (17, 4100), (1000, 5000)):
+        bounds = torch.linspace(0, T, N + 1).long().tolist()
+        plan_chunks(1, T, torch.tensor(bounds, dtype=torch.int32, device=DEVICE), config.CHUNK, torch.device(DEVICE))
+    for kernel, _, args, kwargs, _ in launches.calls:
+        keys.setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
+    assert {name: len(found) for name, found in keys.items()} == dict.fromkeys(TABLE_KERNELS, 1)
 
 
 @pytest.mark.single_op
@@ -768,7 +964,9 @@ def test_a_dense_and_a_packed_call_launch_the_same_binaries(monkeypatch, gen):
     # eight kernels: at K <= 128 the l2norm's backward runs inside the WY backward, and the forward's
     # state pass writes the output (the interpreter's slices: every one)
     assert len(names) == 8 and "_l2norm_bwd_kernel" not in names, sorted(names)
-    apart = sorted({name for name, _ in dense ^ packed_keys})
+    # the packed call plans its chunks on the device: the table kernels besides
+    assert {name for name, _ in packed_keys} - names == TABLE_KERNELS
+    apart = sorted({name for name, _ in dense ^ packed_keys} - TABLE_KERNELS)
     assert not apart, f"a dense and a packed call launch different binaries of {apart}"
 
 
@@ -852,25 +1050,28 @@ def prepared_call(gen, T, H, HV, K, V, cu_seqlens, dtype=torch.bfloat16):
     call = PREPARE["chunk_gated_delta_rule"](
         *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
     )
-    return call, plan_chunks(call.shapes.B, call.shapes.T, call.cu_seqlens, config.CHUNK, call.q.device)
+    return call
 
 
 @pytest.mark.single_op
 @pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
 def test_dry_run_warms_what_the_call_launches(monkeypatch, gen):
     """Compiling ahead warms up, launch by launch, the binaries a forward+backward then launches: the
-    same kernels, grids and specializations in the same order, and runs none of them."""
+    same kernels, grids and specializations in the same order (after the table kernels' warm-ups for
+    int32 and int64 offsets), and runs none of them."""
     launches = Launches(monkeypatch)
-    call, plan = prepared_call(gen, 150, 2, 4, 32, 48, [0, 70, 150])
-    compile_ahead.dry_run(lambda: triton_chunk._dry_step(call, plan, needs_grad=True))
+    call = prepared_call(gen, 150, 2, 4, 32, 48, [0, 70, 150])
+    compile_ahead.dry_run(lambda: triton_chunk._dry_step(call, needs_grad=True))
     assert all(warm for *_, warm in launches.calls)
     dry = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, _ in launches.calls]
     launches.calls.clear()
     o, final = triton_chunk.chunk_gated_delta_rule(call)
     (o.float().sum() + final.sum()).backward()
     real = [(k.fn.__name__, grid, specialization_key(k, a, kw)) for k, grid, a, kw, warm in launches.calls if not warm]
-    # 4 launches forward (the state pass forms v_new from (I + A)^-1 and writes o), 6 backward
-    assert len(real) == 10 and dry == real
+    # the plan's 2 launches, 4 forward (the state pass forms v_new from (I + A)^-1 and writes o), 6 backward
+    assert len(real) == 12 and dry[4:] == real
+    assert {(name, key) for name, _, key in dry[:4]} >= {(name, key) for name, _, key in real[:2]}
+    assert [name for name, *_ in dry[:4]] == ["_offsets_kernel", "_chunk_rows_kernel"] * 2
 
 
 @pytest.mark.single_op
@@ -879,16 +1080,13 @@ def test_a_batch_dry_runs_every_call_of_a_class(monkeypatch, gen):
     each dry-run, in the class's one entry of the batch: on the H200 a dense case whose class had been
     dry-run only through its packed case compiled binaries at its launches, and this interpreter's
     specializations do not show which."""
-    dense, _ = prepared_call(gen, 80, 2, 4, 32, 48, [0, 80])
-    packed, _ = prepared_call(gen, 130, 2, 4, 32, 48, [0, 17, 17, 90, 130])
+    dense = prepared_call(gen, 80, 2, 4, 32, 48, [0, 80])
+    packed = prepared_call(gen, 130, 2, 4, 32, 48, [0, 17, 17, 90, 130])
     dense = dataclasses.replace(dense, cu_seqlens=None)
-    assert (
-        triton_chunk._dry_run_of(dense, triton_chunk._plan(dense))[0]
-        == triton_chunk._dry_run_of(packed, triton_chunk._plan(packed))[0]
-    )
+    assert triton_chunk._dry_run_of(dense)[0] == triton_chunk._dry_run_of(packed)[0]
     batches, stepped = [], []
     monkeypatch.setattr(triton_chunk, "compile_ahead", lambda dry_runs, meanwhile: batches.append(dry_runs))
-    monkeypatch.setattr(triton_chunk, "_dry_step", lambda call, plan, needs_grad: stepped.append(call))
+    monkeypatch.setattr(triton_chunk, "_dry_step", lambda call, needs_grad: stepped.append(call))
     triton_chunk.compile_calls_ahead([dense, packed])
     (batch,) = batches
     assert len(batch) == 1
@@ -905,10 +1103,10 @@ def test_dry_run_of_a_class_that_can_split_warms_whole_and_split_passes(monkeypa
     it did not warm."""
     split_every(monkeypatch, 1)
     launches = Launches(monkeypatch)
-    short, _ = prepared_call(gen, 60, 2, 4, 32, 48, [0, 60])
-    long, _ = prepared_call(gen, 300, 2, 4, 32, 48, [0, 100, 300])
+    short = prepared_call(gen, 60, 2, 4, 32, 48, [0, 60])
+    long = prepared_call(gen, 300, 2, 4, 32, 48, [0, 100, 300])
     assert triton_chunk._plan(short).split is None and triton_chunk._plan(long).split is not None
-    compile_ahead.dry_run(triton_chunk._dry_run_of(short, triton_chunk._plan(short))[1])
+    compile_ahead.dry_run(triton_chunk._dry_run_of(short)[1])
     warmed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
     launches.calls.clear()
     for call in (short, long):
@@ -1228,13 +1426,15 @@ def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen
     """The numeric probe runs in the class of the call that asked for the op, so compiling its cases
     ahead compiles every binary that call then launches (the probe's fp32 cases shared none), and no
     other: its packed case takes the call's states too (a training call's none), where it once passed
-    an initial state and asked for the final one, and compiled five binaries the call never launched."""
+    an initial state and asked for the final one, and compiled five binaries the call never launched.
+    Besides, the packed plan's table kernels for int32 and int64 offsets, which a packed call of the
+    class would launch."""
     like = first_call(gen)
     launches = Launches(monkeypatch)
     calls = probe_calls(like)
     assert [call.q.dtype for call in calls] == [torch.bfloat16] * 2
     for call in calls:
-        compile_ahead.dry_run(triton_chunk._dry_run_of(call, triton_chunk._plan(call))[1])
+        compile_ahead.dry_run(triton_chunk._dry_run_of(call)[1])
     probed = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
     launches.calls.clear()
     o, _ = triton_chunk.chunk_gated_delta_rule(like)
@@ -1242,7 +1442,10 @@ def test_probe_of_the_first_call_warms_every_binary_it_launches(monkeypatch, gen
     launched = {(k.fn.__name__, specialization_key(k, a, kw)) for k, _, a, kw, _ in launches.calls}
     assert len(launched) >= 9
     assert launched <= probed, f"binaries the probe did not compile: {sorted(name for name, _ in launched - probed)}"
-    assert probed <= launched, f"binaries the call does not launch: {sorted(name for name, _ in probed - launched)}"
+    unused = sorted(name for name, _ in probed - launched)
+    assert unused == ["_chunk_rows_kernel", "_offsets_kernel", "_offsets_kernel"], (
+        f"binaries the call does not launch: {unused}"
+    )
 
 
 @pytest.mark.single_op
@@ -1278,7 +1481,11 @@ def test_many_sequences_stay_within_launch_limits(monkeypatch):
     launches = Launches(monkeypatch)
     N = 70_000
     run_op(N, cu_seqlens=list(range(N + 1)), N=N)
-    chunk_kernels = {kernel for kernel, _, _, _, _ in launches.calls if "l2norm" not in kernel.fn.__name__}
+    chunk_kernels = {
+        kernel
+        for kernel, _, _, _, _ in launches.calls
+        if "l2norm" not in kernel.fn.__name__ and kernel.fn.__name__ not in TABLE_KERNELS
+    }
     split = {"_state_fwd_summary_kernel", "_state_bwd_summary_kernel", "_state_combine_kernel"}
     names = {kernel.fn.__name__ for kernel in chunk_kernels}
     # the output kernel runs where the state slices are narrower than tiles.output_in_state_bv (the GPU's

@@ -43,9 +43,11 @@ FORWARD_ONLY = frozenset(
     }
 )
 
-# The decode kernels check the pool slots and cu_seqlens on the device (decode.py), so a serving step
-# never reads them on the host.
-GUARDS_VALUES = frozenset({"fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"})
+# The decode kernels check the pool slots and cu_seqlens on the device (decode.py), and the chunk op its
+# cu_seqlens (chunk_index), so that a serving step or a packed prefill never reads them on the host.
+GUARDS_VALUES = frozenset(
+    {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"}
+)
 
 
 def _check(device_type: str) -> str | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from gdn.backends.triton._common import flavour, is_interpreting
-from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, split_sequences
+from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, read_back, split_sequences, warm_plan_kernels
 from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
@@ -194,16 +194,21 @@ def _kernel_class(call: GdnCall, needs_grad: bool) -> tuple:
     )
 
 
-def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
-    """The forward's launches and, when a backward will follow, the backward's, on unwritten data; where
+def _dry_step(call: GdnCall, needs_grad: bool) -> None:
+    """The call's launches on unwritten data: its plan's (and for int32 and int64 offsets, those of a
+    packed call of the class), the forward's and, when a backward will follow, the backward's; where
     the class's state passes could split a sequence, with and without the split, so that neither a
     longer nor a shorter call of the class compiles a binary of its own."""
     h0 = call.initial_state
     s = call.shapes
+    warm_plan_kernels(call.q.device)
+    plan = _plan(call)
     plans = [plan]
     if could_split(tiles_for(s.K, s.V, call.k.element_size()), s.HV, s.V, call.q.device):
         whole = replace(plan, split=None)
-        plans = [whole, split_sequences(whole, max(1, plan.longest))]
+        if whole.longest is None:  # a packed call of many sequences: one sequence of the class splits
+            whole = read_back(whole)
+        plans = [whole, split_sequences(whole, max(1, whole.longest))]
     with torch.no_grad():
         for plan in plans:
             o, final_state, kept, saved = _forward(*_arguments(call, plan))
@@ -216,24 +221,30 @@ def _dry_step(call: GdnCall, plan: ChunkPlan, needs_grad: bool) -> None:
 def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The backend entry (inputs validated by gdn.calls): -> (o [B, T, HV, V] in v's dtype, final state
     [N, HV, K, V] fp32 or None). The first call of each kernel class compiles its forward's and
-    backward's binaries ahead, in parallel."""
-    plan = _plan(call)
-    compile_ahead(dict([_dry_run_of(call, plan)]))
-    return ChunkGatedDeltaRuleFunction.apply(*_arguments(call, plan))
+    backward's binaries ahead, in parallel (its plan's too: planned after)."""
+    compile_ahead(dict([_dry_run_of(call)]))
+    return ChunkGatedDeltaRuleFunction.apply(*_arguments(call, _plan(call)))
 
 
 def _plan(call: GdnCall) -> ChunkPlan:
+    """The call's plan: computed on the device, read back to the host only where the class's state
+    passes could split a packed call's sequences (config.could_split: few sequences and heads)."""
     s = call.shapes
-    plan = plan_chunks(s.B, s.T, call.cu_seqlens, CHUNK, call.q.device)
+    device = call.q.device
+    plan = plan_chunks(s.B, s.T, call.cu_seqlens, CHUNK, device)
     tiles = tiles_for(s.K, s.V, call.k.element_size())
-    length = segment_length(tiles, plan.num_sequences * s.HV, s.HV, s.V, plan.longest, call.q.device)
+    if not could_split(tiles, plan.num_sequences * s.HV, s.V, device):
+        return plan
+    if plan.is_varlen:
+        plan = read_back(plan)
+    length = segment_length(tiles, plan.num_sequences * s.HV, s.HV, s.V, plan.longest, device)
     return split_sequences(plan, length) if length else plan
 
 
-def _dry_run_of(call: GdnCall, plan: ChunkPlan) -> tuple[tuple, functools.partial]:
+def _dry_run_of(call: GdnCall) -> tuple[tuple, functools.partial]:
     """(the call's kernel class, its dry step)."""
     needs_grad = _needs_grad(call)
-    return _kernel_class(call, needs_grad), functools.partial(_dry_step, call, plan, needs_grad)
+    return _kernel_class(call, needs_grad), functools.partial(_dry_step, call, needs_grad)
 
 
 def compile_calls_ahead(calls: list[GdnCall], meanwhile: Callable[[], object] | None = None) -> None:
@@ -245,7 +256,7 @@ def compile_calls_ahead(calls: list[GdnCall], meanwhile: Callable[[], object] | 
     they compile (compile_ahead)."""
     steps: dict[tuple, list[functools.partial]] = {}
     for call in calls:
-        kernel_class, step = _dry_run_of(call, _plan(call))
+        kernel_class, step = _dry_run_of(call)
         steps.setdefault(kernel_class, []).append(step)
     compile_ahead({kernel_class: functools.partial(_each, found) for kernel_class, found in steps.items()}, meanwhile)
 

@@ -3,15 +3,37 @@
 sequences into segments.
 
 Chunks are numbered sequence by sequence. The chunk-parallel kernels put that number on grid axis 0,
-which has no 65535 limit, so a batch of many short sequences launches like one long sequence."""
+which has no 65535 limit, so a batch of many short sequences launches like one long sequence.
+
+A packed batch's tables are computed on the device from cu_seqlens (`plan_chunks`: two small kernels),
+so that a packed call reads nothing on the host and can be captured in a CUDA graph. Its grid takes an
+upper bound of the chunks that needs no value: N sequences of T tokens in all have at most T // 64 + N
+chunks (each sequence's last chunk is at most one more than its tokens fill). The rows past the last
+chunk are read as chunks past the last sequence's end: every chunk-parallel kernel ends such a program
+before it reads anything. The same kernels check the offsets: out of order, or not from 0 to T, they
+plan sequence 0 over every token and the others empty, and set a flag on which the state passes start
+from a NaN state, so that every output, final state and gradient is NaN and nothing is read or written
+out of range (the host check, which names the bad entry, runs only on request: GDN_VALUE_CHECKS=1).
+Only where the state passes could split a sequence (few sequences and heads: config.could_split) does a
+packed call read its tables back to the host, to cut the sequences into segments."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 import torch
+import triton
+import triton.language as tl
 
-from gdn.backends.triton._common import cdiv
+from gdn.backends.triton._common import cdiv, device_guard
+from gdn.backends.triton.compile_ahead import compiling_only
+from gdn.backends.triton.launch import launch
+
+# sequences a step of the offsets kernel reads, and chunk rows a program of the rows kernel locates
+TABLE_BLOCK = 1024
+# table lengths in the device buffer are padded to 16 bytes: a kernel specializes on its pointers'
+# alignment, and a table's offset in the buffer must not depend on the number of sequences
+_ALIGN = 4
 
 
 @dataclass(frozen=True)
@@ -40,15 +62,16 @@ class ChunkPlan:
     dense call and a packed one launch the same binaries."""
 
     num_sequences: int
-    num_chunks: int  # over all sequences; an empty sequence has none
-    longest: int  # chunks of the longest sequence
-    cu_seqlens: torch.Tensor  # [N + 1] int32
+    num_chunks: int  # rows of the chunk grid: dense, every chunk; packed, T // chunk + N (an upper bound)
+    longest: int | None  # chunks of the longest sequence; packed: None until read back (`read_back`)
+    cu_seqlens: torch.Tensor  # [N + 1] int32, the offsets the kernels read (checked: module docstring)
     chunk_indices: torch.Tensor  # [num_chunks, 2] int32: (sequence, chunk within it)
     chunk_offsets: torch.Tensor  # [N + 1] int32: first chunk of each sequence
+    bad_offsets: torch.Tensor  # packed: [1] int32, nonzero where cu_seqlens was refused; dense: empty
     is_varlen: bool
     seq_len: int  # dense: T
     chunk: int
-    host_offsets: torch.Tensor | None  # packed: chunk_offsets and token bounds on the host, int64 [2, N + 1]
+    host_offsets: torch.Tensor | None  # once read back: chunk_offsets and token bounds, int64 [2, N + 1]
     split: Segments | None = None  # the state passes' segments where sequences are split
 
     def segments(self) -> Segments:
@@ -60,40 +83,124 @@ class ChunkPlan:
         return Segments(self.num_sequences, 1, tokens, self.cu_seqlens, self.chunk_offsets, self.cu_seqlens[:0])
 
 
+@triton.jit(do_not_specialize=["N", "T"])
+def _offsets_kernel(cu_seqlens, bad_offsets, bounds, chunk_offsets, N, T, BT: tl.constexpr, BLOCK: tl.constexpr):
+    """One program: whether cu_seqlens runs from 0 to T without decreasing, then the offsets the other
+    kernels read (those, or where refused sequence 0 over all T tokens and the others empty) and each
+    sequence's first chunk. Offsets are compared in 64 bits: an int64 entry past 2^31 is refused, not
+    wrapped."""
+    o = tl.arange(0, BLOCK)
+    wrong = tl.zeros([BLOCK], dtype=tl.int32)
+    start = 0
+    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+        i = start + o
+        m = i < N
+        lo = tl.load(cu_seqlens + i, mask=m, other=0).to(tl.int64)
+        hi = tl.load(cu_seqlens + i + 1, mask=m, other=0).to(tl.int64)
+        wrong += (hi < lo).to(tl.int32)
+        start += BLOCK
+    ends = tl.load(cu_seqlens + tl.where(o == 0, 0, N), mask=o < 2, other=0).to(tl.int64)  # cu[0], cu[N]
+    wrong += ((o == 0) & (ends != 0)).to(tl.int32) + ((o == 1) & (ends != T)).to(tl.int32)
+    bad = tl.zeros([BLOCK], dtype=tl.int32) + tl.sum(wrong, 0)  # a block: see decode.as_block
+    first = 0
+    start = 0
+    while start < N:
+        i = start + o
+        m = i < N
+        lo = tl.load(cu_seqlens + i, mask=m, other=0).to(tl.int64)
+        hi = tl.load(cu_seqlens + i + 1, mask=m, other=0).to(tl.int64)
+        lo = tl.where(bad == 0, lo, tl.where(i == 0, 0, T)).to(tl.int32)
+        hi = tl.where(bad == 0, hi, T).to(tl.int32)
+        chunks = tl.where(m, (hi - lo + BT - 1) // BT, 0)
+        tl.store(bounds + i + 1, hi, mask=m)
+        tl.store(chunk_offsets + i + 1, tl.cumsum(chunks, 0) + first, mask=m)
+        first += tl.sum(chunks, 0)
+        start += BLOCK
+    tl.store(bounds + o, bad * 0, mask=o == 0)
+    tl.store(chunk_offsets + o, bad * 0, mask=o == 0)
+    tl.store(bad_offsets + o, bad, mask=o == 0)
+
+
+@triton.jit(do_not_specialize=["N", "ROWS", "STEPS"])
+def _chunk_rows_kernel(chunk_offsets, chunk_indices, N, ROWS, STEPS, BLOCK: tl.constexpr):
+    """Row r of the grid -> (its sequence, its chunk within it): the last sequence whose first chunk is
+    at most r, by binary search over chunk_offsets (STEPS halvings cover N). Rows past the last chunk
+    fall to the last sequence, past its end."""
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    lo = tl.zeros([BLOCK], dtype=tl.int32)
+    hi = lo + (N - 1)
+    step = 0
+    while step < STEPS:
+        mid = (lo + hi + 1) // 2
+        up = tl.load(chunk_offsets + mid) <= r  # chunk_offsets[lo] <= r throughout
+        lo = tl.where(up, mid, lo)
+        hi = tl.where(up, hi, mid - 1)
+        step += 1
+    m = r < ROWS
+    tl.store(chunk_indices + 2 * r, lo, mask=m)
+    tl.store(chunk_indices + 2 * r + 1, r - tl.load(chunk_offsets + lo), mask=m)
+
+
+def _padded(n: int) -> int:
+    return cdiv(n, _ALIGN) * _ALIGN
+
+
 def plan_chunks(
     batch: int, seq_len: int, cu_seqlens: torch.Tensor | None, chunk: int, device: torch.device
 ) -> ChunkPlan:
+    """The plan of a dense batch (batch sequences of seq_len tokens), or of packed sequences (cu_seqlens,
+    seq_len tokens in all) with its tables computed on the device: no host copy, no value read."""
     if cu_seqlens is None:
         # an empty tensor allocates nothing and launches nothing (also while a CUDA graph captures)
         empty = torch.empty(0, dtype=torch.int32, device=device)
         chunks = cdiv(seq_len, chunk)
-        return ChunkPlan(batch, batch * chunks, chunks, empty, empty, empty, False, seq_len, chunk, None)
-    device = cu_seqlens.device
-    # One host copy: the launch grid needs the chunk count on the host anyway.
-    bounds = cu_seqlens.to("cpu", torch.int64)
-    counts = (bounds[1:] - bounds[:-1] + chunk - 1) // chunk
-    offsets = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
-    total = int(offsets[-1])
-    sequence = torch.repeat_interleave(torch.arange(counts.numel()), counts)
-    within = torch.arange(total) - offsets[sequence]
-    indices = torch.stack([sequence, within], dim=1)
-    return ChunkPlan(
-        num_sequences=counts.numel(),
-        num_chunks=total,
-        longest=int(counts.max()) if counts.numel() else 0,
-        cu_seqlens=cu_seqlens.to(device=device, dtype=torch.int32).contiguous(),
-        chunk_indices=indices.to(device=device, dtype=torch.int32),
-        chunk_offsets=offsets.to(device=device, dtype=torch.int32),
-        is_varlen=True,
-        seq_len=int(bounds[-1]),
-        chunk=chunk,
-        host_offsets=torch.stack([offsets, bounds]),
-    )
+        return ChunkPlan(batch, batch * chunks, chunks, empty, empty, empty, empty, False, seq_len, chunk, None)
+    N = cu_seqlens.numel() - 1
+    rows = seq_len // chunk + N
+    # one buffer: the flag, the offsets, the first chunks and the rows' table, each at 16 bytes
+    tables = torch.empty(_ALIGN + 2 * _padded(N + 1) + 2 * rows, dtype=torch.int32, device=cu_seqlens.device)
+    bad_offsets = tables[:1]
+    bounds = tables[_ALIGN : _ALIGN + N + 1]
+    chunk_offsets = tables[_ALIGN + _padded(N + 1) :][: N + 1]
+    chunk_indices = tables[_ALIGN + 2 * _padded(N + 1) :].view(rows, 2)
+    with device_guard(cu_seqlens):
+        launch(_offsets_kernel, (1,))(
+            cu_seqlens, bad_offsets, bounds, chunk_offsets, N, seq_len, BT=chunk, BLOCK=TABLE_BLOCK, num_warps=4
+        )
+        launch(_chunk_rows_kernel, (cdiv(rows, TABLE_BLOCK),))(
+            chunk_offsets, chunk_indices, N, rows, max(0, (N - 1).bit_length()), BLOCK=TABLE_BLOCK, num_warps=4
+        )
+    return ChunkPlan(N, rows, None, bounds, chunk_indices, chunk_offsets, bad_offsets, True, seq_len, chunk, None)
+
+
+def warm_plan_kernels(device: torch.device) -> None:
+    """In a dry run (compile_ahead), the packed plan's kernels for int32 and int64 offsets: a kernel
+    class's first call compiles them, whatever its own calls pass."""
+    for dtype in (torch.int32, torch.int64):
+        plan_chunks(1, 1, torch.zeros(2, dtype=dtype, device=device), 64, device)
+
+
+def read_back(plan: ChunkPlan) -> ChunkPlan:
+    """A packed plan with its offsets on the host (one device-to-host copy): what cutting its sequences
+    into segments needs. Refused offsets leave `longest` 0 (never split). In a dry run, where the tables
+    are not written, the plan of sequence 0 over every token."""
+    N, T = plan.num_sequences, plan.seq_len
+    if compiling_only():
+        bounds = torch.full((N + 1,), T, dtype=torch.int64)
+        bounds[0] = 0
+        offsets = torch.full((N + 1,), cdiv(T, plan.chunk), dtype=torch.int64)
+        offsets[0] = 0
+        bad = False
+    else:
+        copied = torch.cat([plan.bad_offsets, plan.cu_seqlens, plan.chunk_offsets]).to("cpu", torch.int64)
+        bad, bounds, offsets = bool(copied[0]), copied[1 : N + 2], copied[N + 2 :]
+    longest = 0 if bad else int((offsets[1:] - offsets[:-1]).max())
+    return replace(plan, longest=longest, host_offsets=torch.stack([offsets, bounds]))
 
 
 def split_sequences(plan: ChunkPlan, chunks_per_segment: int) -> ChunkPlan:
     """The plan with its sequences cut into segments of `chunks_per_segment` chunks (the last of each
-    sequence shorter; an empty sequence keeps one empty segment)."""
+    sequence shorter; an empty sequence keeps one empty segment); a packed plan read back first."""
     L = chunks_per_segment
     if not plan.is_varlen:
         per_sequence = max(1, cdiv(plan.longest, L))

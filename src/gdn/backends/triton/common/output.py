@@ -44,6 +44,8 @@ def _output_kernel(
     i_c, i_v, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
+        return
     o_t = tl.arange(0, BT)
     mt = i_t * BT + o_t < T_n
     tok = (bos + i_t * BT + o_t).to(tl.int64)
@@ -95,6 +97,8 @@ def _dv_local_kernel(
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
+    if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
+        return
     o_t = tl.arange(0, BT)
     mt = i_t * BT + o_t < T_n
     tok = (bos + i_t * BT + o_t).to(tl.int64)

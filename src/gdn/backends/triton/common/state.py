@@ -49,6 +49,16 @@ def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def _refused(S, bad_offsets, IS_VARLEN, KP: tl.constexpr):
+    """S, or NaN where the plan refused a packed call's offsets (chunk_index): every output, final
+    state and gradient of the call then comes out NaN."""
+    if IS_VARLEN != 0:
+        bad = tl.zeros([KP], dtype=tl.int32) + tl.load(bad_offsets)
+        S = tl.where(bad[:, None] != 0, float("nan"), S)
+    return S
+
+
+@triton.jit
 def _fwd_update(
     S,
     k,
@@ -226,6 +236,7 @@ def _state_fwd_kernel(
     h,
     start,
     end,
+    bad_offsets,
     bounds,
     chunk_offsets,
     NSEG,
@@ -276,6 +287,7 @@ def _state_fwd_kernel(
     S = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    S = _refused(S, bad_offsets, IS_VARLEN, KP)
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
@@ -566,6 +578,7 @@ def _state_bwd_kernel(
     dh,
     start,
     end,
+    bad_offsets,
     bounds,
     chunk_offsets,
     NSEG,
@@ -607,6 +620,7 @@ def _state_bwd_kernel(
     dS = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
+    dS = _refused(dS, bad_offsets, IS_VARLEN, KP)
     NT = tl.cdiv(T_s, BT)
     q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
     dh += (NT - 1).to(tl.int64) * HV * K * V
@@ -729,11 +743,12 @@ def _state_pass(
     flags: dict | None = None,
 ) -> torch.Tensor | None:
     """One state pass (forward, or backward with `reverse`) over the plan's segments of heads and dims
-    (HV, K, V): `kernel(*reads, writes, start, end, <segments>, *scalars, *extra, **flags)`, from start
-    (or zero) into end (if given). Split sequences first get their segments' summaries and seeds
-    (`summary_kernel(*reads, summary, <segments>, *scalars)`, then the combine) -> the summaries, whose
-    maps the backward reuses: its map of a segment is the forward's transposed, so with `maps` (the
-    forward's summaries) its summary kernel computes only the V columns."""
+    (HV, K, V): `kernel(*reads, writes, start, end, <the plan's refused-offsets flag>, <segments>,
+    *scalars, *extra, **flags)`, from start (or zero) into end (if given). Split sequences first get
+    their segments' summaries and seeds (`summary_kernel(*reads, summary, <segments>, *scalars)`, then
+    the combine) -> the summaries, whose maps the backward reuses: its map of a segment is the
+    forward's transposed, so with `maps` (the forward's summaries) its summary kernel computes only
+    the V columns."""
     HV, K, V = dims
     N = plan.num_sequences
     segments = plan.segments()
@@ -778,6 +793,7 @@ def _state_pass(
         writes,
         _absent(like) if start is None else start,
         _absent(like) if end is None else end,
+        plan.bad_offsets,
         *layout,
         *scalars,
         *extra,

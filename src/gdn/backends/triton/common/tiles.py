@@ -67,7 +67,9 @@ def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN)
     Chunks are numbered sequence by sequence, so i_c is also the chunk's row in the per-chunk
     state buffers. IS_VARLEN is a runtime flag (dense batches pass empty tables), so that a dense
     call and a packed one launch the same binary: a process, its numeric probe included, compiles
-    one per kernel class, not two."""
+    one per kernel class, not two. A packed plan's grid is an upper bound of its chunks (chunk_index):
+    its rows past the last chunk come out as chunks past their sequence's end (i_t * BT >= T_n), and
+    the kernel ends such a program before it reads anything."""
     if IS_VARLEN != 0:
         i_n = tl.load(chunk_indices + 2 * i_c).to(tl.int32)
         i_t = tl.load(chunk_indices + 2 * i_c + 1).to(tl.int32)
