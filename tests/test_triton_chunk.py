@@ -361,6 +361,106 @@ def test_output_kernel_path_matches_fp64_recurrence(l2norm, gen, monkeypatch):
     check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL)
 
 
+def walk_on(monkeypatch) -> list:
+    """The fused reverse walk switched on (config.OVERRIDES); -> the list its launches are counted in."""
+    monkeypatch.setattr(config, "OVERRIDES", {**config.OVERRIDES, "fused_backward": 1})
+    walked = []
+    original = triton_chunk.walk_backward
+    monkeypatch.setattr(triton_chunk, "walk_backward", lambda *a: walked.append(1) or original(*a))
+    return walked
+
+
+# (sequence bounds or a dense batch B, T, H, HV, K, V, initial state, final state, l2norm, dtype): grouped
+# value heads, V under the walk's slice, K not a power of two (the second half of K partly masked),
+# whole chunks, one-token and empty sequences, K = V = 128 (the GPU's shape)
+WALK_CASES = [
+    (2, 100, 1, 2, 64, 64, True, True, True, torch.bfloat16),
+    ([0, 1, 65, 129, 192, 250], 250, 2, 4, 32, 48, False, False, True, torch.bfloat16),
+    ([0, 64, 64, 127, 128], 128, 1, 2, 100, 60, True, True, False, torch.float16),
+    (1, 130, 1, 2, 128, 128, True, False, True, torch.bfloat16),
+]
+
+
+@pytest.mark.shape_grid
+@pytest.mark.parametrize(("batch", "T", "H", "HV", "K", "V", "with_state", "final", "l2norm", "dtype"), WALK_CASES)
+def test_fused_walk_matches_fp64_recurrence(batch, T, H, HV, K, V, with_state, final, l2norm, dtype, gen, monkeypatch):
+    """The backward through the fused reverse walk and its group reduce (common/walk.py): every gradient
+    against the fp64 recurrence, dense and packed, with and without initial and final states."""
+    walked = walk_on(monkeypatch)
+    bounds = batch if isinstance(batch, list) else None
+    N = len(bounds) - 1 if bounds else batch
+    inputs = make_inputs(gen, T, H, HV, K, V, B=1 if bounds else batch, N=N, dtype=dtype, with_state=with_state)
+    check_against_recurrence(
+        gen, inputs, TOL[dtype], cu_seqlens=bounds, l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL, final_state=final
+    )
+    assert walked, "the backward did not take the fused walk"
+
+
+@pytest.mark.single_op
+@pytest.mark.parametrize("final", [False, True], ids=["no-final-state", "final-state"])
+def test_fused_walk_agrees_with_the_portable_backward(final, gen, monkeypatch):
+    """On the same inputs (packed, grouped heads, initial state) the fused walk's gradients are the
+    portable kernels' up to bf16 roundings."""
+    bounds = [0, 1, 65, 200]
+    inputs = make_inputs(gen, 200, 2, 4, 64, 64, N=3, dtype=torch.bfloat16)
+    do = torch.randn(1, 200, 4, 64, generator=gen).to(DEVICE, torch.bfloat16)
+    dht = torch.randn(3, 4, 64, 64, generator=gen).to(DEVICE)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    grads = []
+    for fused in (0, 1):
+        monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": fused})
+        leaves = [x.detach().clone().to(DEVICE).requires_grad_() for x in inputs]
+        o, ht = triton_op(
+            *leaves[:5], initial_state=leaves[5], output_final_state=final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
+        )
+        ((o.float() * do.float()).sum() + ((ht * dht).sum() if final else 0)).backward()
+        grads.append([x.grad for x in leaves])
+    for name, apart, walked in zip(GRAD_NAMES, *grads, strict=True):
+        assert torch.isfinite(walked.float()).all(), name
+        assert rel_err(walked, apart) < 1e-2, (name, rel_err(walked, apart))
+
+
+@pytest.mark.single_op
+def test_fused_walk_gives_nan_for_refused_offsets(gen, monkeypatch):
+    """Refused cu_seqlens (chunk_index): the walk starts from a NaN state gradient, so every gradient is
+    NaN, as the portable backward's."""
+    import gdn
+    from gdn.resolve import compute_mode_override
+
+    walked = walk_on(monkeypatch)
+    leaves = [x.to(DEVICE).requires_grad_() for x in make_inputs(gen, 90, 1, 2, 32, 48, N=3, dtype=torch.bfloat16)]
+    cu = torch.tensor([0, 30, 20, 90], dtype=torch.int32, device=DEVICE)
+    with compute_mode_override("triton"):  # the public op: its host check of the offsets is left to the kernels
+        o, final = gdn.chunk_gated_delta_rule(
+            *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu
+        )
+    (o.float().sum() + final.sum()).backward()
+    assert walked
+    for name, leaf in zip(GRAD_NAMES, leaves, strict=True):
+        assert leaf.grad.isnan().all(), name
+
+
+@pytest.mark.single_op
+def test_fused_walk_applies_where_it_was_built_for(monkeypatch):
+    """Where the switch is on: 16-bit inputs, K from 17 to 128, whole sequences, and on a GPU only where
+    Triton targets NVIDIA at compute capability 9.0 or later (under the interpreter always)."""
+    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 1})
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    bf16 = config.tiles_for(128, 128, 2)
+    assert config.fused_walk_applies(bf16, False, 2, cpu) is is_interpreting()
+    assert not config.fused_walk_applies(bf16, True, 2, cpu)  # a split plan
+    assert not config.fused_walk_applies(config.tiles_for(128, 128, 4), False, 4, cpu)  # fp32
+    assert not config.fused_walk_applies(config.tiles_for(256, 128, 2), False, 2, cpu)  # K = 256
+    assert not config.fused_walk_applies(config.tiles_for(16, 128, 2), False, 2, cpu)  # K = 16: halves of 8
+    monkeypatch.setattr(config, "is_interpreting", lambda: False)
+    for capability, applies in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
+        monkeypatch.setattr(config, "_nvidia_capability", lambda device, c=capability: c)
+        assert config.fused_walk_applies(bf16, False, 2, cuda) is applies, capability
+    assert not config.fused_walk_applies(bf16, False, 2, cpu)
+    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 0})
+    assert not config.fused_walk_applies(config.tiles_for(128, 128, 2), False, 2, cuda)
+
+
 @pytest.mark.single_op
 def test_packed_segments_tables():
     """Segments of two chunks over sequences of 0, 70, 230 and 30 tokens: one (empty) segment, one, two
