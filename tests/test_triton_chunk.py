@@ -884,6 +884,68 @@ def test_stage_kernels_fit_hopper():
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
 
 
+WALK_SCENARIO = """
+from gdn.backends.triton import chunk, l2norm
+from gdn.backends.triton.common import config, output, qk_grads, state, walk, wy, wy_bwd
+from gdn.calls import PREPARE
+
+chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
+# host tensors stand for the GPU's (the capability check is a test of its own)
+chunk.fused_walk_applies = lambda tiles, split, size, device: bool(tiles.fused_backward) and not split
+config.OVERRIDES["fused_backward"] = 1
+for m in (wy, wy_bwd, output, qk_grads, l2norm):
+    for name, f in list(vars(m).items()):
+        if isinstance(f, JITFunction) and name.endswith("_kernel"):
+            setattr(m, name, Recorder())
+kernels = {
+    (m, n): f for m in (walk, state) for n, f in vars(m).items() if isinstance(f, JITFunction) and n.endswith("_kernel")
+}
+
+
+def usage(final_state):
+    # one sequence of 512 tokens, 16 heads of 128 x 128 over 32 value heads, forward and backward
+    for m, name in kernels:
+        setattr(m, name, Recorder())
+    q, k = (torch.randn(1, 512, 16, 128, dtype=torch.bfloat16) for _ in range(2))
+    v, beta = torch.randn(1, 512, 32, 128, dtype=torch.bfloat16), torch.rand(1, 512, 32, dtype=torch.bfloat16)
+    call = PREPARE["chunk_gated_delta_rule"](
+        q, k, v, -torch.rand(1, 512, 32), beta, use_qk_l2norm_in_kernel=True, output_final_state=final_state
+    )
+    with torch.no_grad():
+        o, final, kept, saved = chunk._forward(*chunk._arguments(call, chunk._plan(call)))
+        chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final) if final_state else None, True)
+    found = {}
+    for (m, name), f in kernels.items():
+        for args, kwargs in getattr(m, name).launches:
+            if m is walk or kwargs.get("FROM_INVERSE"):
+                found.setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
+    return found
+
+
+RESULT["bf16"] = usage(False)
+RESULT["bf16, final state"] = usage(True)
+"""
+
+
+@pytest.mark.single_op
+def test_fused_walk_compiles_for_hopper():
+    """The fused backward's kernels through the NVIDIA compiler for sm_90 (bf16, K = V = 128, 32 value
+    heads over 16): the walk, its group reduce and the state pass that recomputes the states from T
+    (one binary each per call class), each within an H200 SM's shared memory. The walk spills: ptxas
+    (Triton 3.9) holds it at 255 registers and 2000 bytes of spills (2164 with a final state; Triton 3.6,
+    whose binaries the H200 runs: 2236 and 2424), its step's [64, 64] products on one warpgroup's
+    registers; the bound below catches a change that makes it worse."""
+    result = run_on_hopper_compiler(WALK_SCENARIO)
+    for case, usage in result.items():
+        assert set(usage) == {"_reverse_walk_kernel", "_group_reduce_kernel", "_state_fwd_kernel"}, case
+        assert all(len(binaries) == 1 for binaries in usage.values()), case
+        found = {name: u for name, b in usage.items() for u in b.values()}
+        over = {name: u["shared"] for name, u in found.items() if u["shared"] > H200_SHARED_BYTES}
+        assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
+        spills = {name: u["spill_bytes"] or 0 for name, u in found.items()}
+        assert spills["_reverse_walk_kernel"] <= 2600 and spills["_group_reduce_kernel"] <= 256, (case, spills)
+
+
 @pytest.mark.single_op
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
