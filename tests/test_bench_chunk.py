@@ -9,14 +9,42 @@ pytestmark = pytest.mark.tooling
 
 
 def test_rows_the_arguments_select():
-    dense_first = (1, 8192, 16, 32, 128, False)
+    dense_first = (1, 8192, 16, 32, 128, 0)
     assert chunk.selected_rows(chunk.arguments([]))[0] == dense_first
-    assert len(chunk.selected_rows(chunk.arguments([]))) == len(chunk.SHAPES) + 1  # and the packed row
+    assert chunk.selected_rows(chunk.arguments([])) == chunk.ROWS
     assert chunk.selected_rows(chunk.arguments(["--quick"])) == [dense_first]
-    assert chunk.selected_rows(chunk.arguments(["--rows", "3"]))[0][-1] is True
+    # the rows' indices as they were before 4 and 5 came: 3 the packed row of 64 sequences
+    assert chunk.selected_rows(chunk.arguments(["--rows", "3"])) == [(1, 32768, 16, 32, 128, 64)]
+    assert chunk.selected_rows(chunk.arguments(["--rows", "4", "5"])) == [
+        (1, 65536, 16, 32, 128, 0),
+        (1, 65536, 16, 32, 128, 512),
+    ]
     rank = ["--shape", "1", "32768", "2", "4", "128"]
-    assert chunk.selected_rows(chunk.arguments(rank)) == [(1, 32768, 2, 4, 128, False)]
-    assert chunk.selected_rows(chunk.arguments([*rank, "--rows", "0"])) == [dense_first, (1, 32768, 2, 4, 128, False)]
+    assert chunk.selected_rows(chunk.arguments(rank)) == [(1, 32768, 2, 4, 128, 0)]
+    assert chunk.selected_rows(chunk.arguments([*rank, "--rows", "0"])) == [dense_first, (1, 32768, 2, 4, 128, 0)]
+
+
+def test_the_split_flag_selects_its_rows_and_settings():
+    """--split: few-sequence rows at the model's and one rank's heads, under the rule, never, and forced
+    (the SM count the rule reads) at two and four programs an SM."""
+    args = chunk.arguments(["--split"])
+    rows = chunk.selected_rows(args)
+    assert {(B, T) for B, T, *_ in rows} == {(1, 32768), (1, 65536), (2, 16384)}
+    assert {(H, HV) for _, _, H, HV, _, _ in rows} == {(16, 32), (4, 8), (2, 4)} and len(rows) == 9
+    settings = chunk.selected_settings(args)
+    assert settings[0] == {} and {"segment_programs": 0} in settings
+    assert [s.get("segment_programs", 2) for s in settings if "sms" in s] == [2, 4]
+
+
+def test_overrides_set_the_knobs_and_the_sm_count_and_restore_them(monkeypatch):
+    from gdn.backends.triton.common import config
+
+    monkeypatch.setattr(config, "OVERRIDES", {"state_bv": 32})
+    counted = config.processors
+    with chunk.overrides({"sms": 1000, "segment_programs": 4}):
+        assert config.OVERRIDES == {"segment_programs": 4}
+        assert config.processors("cuda") == 1000
+    assert config.OVERRIDES == {"state_bv": 32} and config.processors is counted
 
 
 def test_sweep_settings_the_arguments_select():
@@ -39,15 +67,15 @@ def test_a_knob_no_setting_touches_is_refused(capsys):
 
 def test_a_row_index_out_of_range_is_refused(capsys):
     with pytest.raises(SystemExit):
-        chunk.arguments(["--rows", "0", "4"])
-    assert "--rows: indices 0-3, got [0, 4]" in capsys.readouterr().err
+        chunk.arguments(["--rows", "0", "6"])
+    assert "--rows: indices 0-5, got [0, 6]" in capsys.readouterr().err
 
 
 def test_results_of_a_run_cut_short_list_the_rows_not_run():
     env = {"date": "2026-12-02T00:00:00"}
     rows = [{"shape": "s", "impl": "triton", "fwd_ms": 1.0, "fwd_bwd_ms": 4.0}]
-    payload = chunk.results_payload(env, rows, [], [], pending=[(1, 32768, 16, 32, 128, True)])
-    assert payload["not_run"] == [[1, 32768, 16, 32, 128, True]] and payload["rows"] == rows
+    payload = chunk.results_payload(env, rows, [], [], pending=[(1, 32768, 16, 32, 128, 64)])
+    assert payload["not_run"] == [[1, 32768, 16, 32, 128, 64]] and payload["rows"] == rows
     assert "not_run" not in chunk.results_payload(env, rows, [], [], pending=[])
 
 
@@ -67,3 +95,21 @@ def test_rows_compared_with_their_peers_per_shape():
     assert (a["fwd_vs_flashqla"], a["fwd_bwd_vs_flashqla"], a["kernel_vs_flashqla"]) == (2.0, 2.0, 2.0)
     assert "fwd_vs_flashqla" not in b and "kernel_ms" not in b  # no peer, no profile for that shape
     assert "kernel_ms" not in rows[0]  # the rows handed in are left as they were
+
+
+def test_a_forward_only_peer_is_compared_by_its_forward():
+    """FlashInfer has no backward: gdn's forward+backward is not divided by its forward, and gdn's forward
+    kernels (profiled alone) are set against its kernels."""
+    rows = [
+        {"shape": "a", "impl": "triton", "fwd_ms": 1.0, "fwd_bwd_ms": 4.0},
+        {"shape": "a", "impl": "flashinfer", "fwd_ms": 0.5},
+    ]
+    kernels = [
+        {"shape": "a", "impl": "triton", "ms": 4.0},
+        {"shape": "a", "impl": "triton-forward", "ms": 0.9},
+        {"shape": "a", "impl": "flashinfer", "ms": 0.45},
+    ]
+    row, _ = chunk.compared(rows, kernels)
+    assert row["fwd_vs_flashinfer"] == 2.0 and "fwd_bwd_vs_flashinfer" not in row
+    assert "kernel_vs_flashinfer" not in row  # forward+backward kernels against a forward's: not a ratio
+    assert (row["fwd_kernel_ms"], row["fwd_kernel_vs_flashinfer"]) == (0.9, 2.0)
