@@ -30,7 +30,7 @@ from gdn.backends.triton import chunk_index, compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
 from gdn.backends.triton.chunk_index import plan_chunks, read_back, split_sequences  # noqa: E402
-from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
+from gdn.backends.triton.common import config, output, qk_grads, state, walk, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
 from test_triton_decode import run_on_hopper_compiler  # noqa: E402
@@ -43,7 +43,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # 9.4e-3; every other output and gradient at most 7.8e-3. A wrong term is off by O(1).
 HALF_REDUCED_GRAD_TOL = {"dg": 2e-2, "dbeta": 2e-2}
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-KERNEL_MODULES = (chunk_index, wy, wy_bwd, state, output, qk_grads, triton_l2norm)
+KERNEL_MODULES = (chunk_index, wy, wy_bwd, state, output, qk_grads, walk, triton_l2norm)
 # the packed plan's kernels (a packed call's, on the device)
 TABLE_KERNELS = {"_offsets_kernel", "_chunk_rows_kernel"}
 
@@ -1026,10 +1026,10 @@ class _Recorder:
         return None if is_interpreting() else self.kernel.warmup(*args, grid=grid, **kwargs)
 
 
-def run_op(T, cu_seqlens=None, N=1):
+def run_op(T, cu_seqlens=None, N=1, K=16):
     """One forward and backward at length T (all options on, so that every kernel launches)."""
     gen = torch.Generator().manual_seed(0)
-    inputs = make_inputs(gen, T, 1, 2, 16, 16, N=N, dtype=torch.bfloat16)
+    inputs = make_inputs(gen, T, 1, 2, K, 16, N=N, dtype=torch.bfloat16)
     leaves = [x.to(DEVICE).requires_grad_() for x in inputs]
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
     o, final = triton_op(
@@ -1078,6 +1078,27 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
     # the interpreter's tiles write the output in the forward's state pass: no output kernel; the packed
     # calls' two table kernels
     assert len([name for name in first if "l2norm" not in name]) == (12 if split else 9)
+    for T in LENGTHS[1:]:
+        differ = {name for name in first if keys[T][name] != first[name]}
+        assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
+
+
+@pytest.mark.single_op
+@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
+def test_the_fused_walk_specializes_alike_across_lengths(monkeypatch):
+    """With the fused walk on (K = 32: two halves of 16), the walk, its reduce and the state pass that
+    recomputes the states launch one binary each across lengths, dense and packed."""
+    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 1})
+    launches = Launches(monkeypatch)
+    keys: dict[int, dict[str, set[str]]] = {}
+    for T in LENGTHS:
+        launches.calls.clear()
+        run_op(T, K=32)
+        run_op(T, cu_seqlens=[0, 1, T // 2, T], N=3, K=32)
+        for kernel, _, args, kwargs, _ in launches.calls:
+            keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
+    first = keys[LENGTHS[0]]
+    assert {"_reverse_walk_kernel", "_group_reduce_kernel"} <= set(first) and "_qk_grads_kernel" not in first
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"

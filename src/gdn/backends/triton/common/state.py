@@ -33,18 +33,17 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, split_slice, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, chunk_gates, locate_segment, masked_exp, mma, within
+from gdn.backends.triton.common.tiles import (
+    INTERPRET,
+    cast_as,
+    chunk_gates,
+    locate_segment,
+    masked_exp,
+    mma,
+    refused,
+    within,
+)
 from gdn.backends.triton.launch import launch
-
-
-@triton.jit
-def _refused(S, bad_offsets, IS_VARLEN, KP: tl.constexpr):
-    """S, or NaN where the plan refused a packed call's offsets (chunk_index): every output, final
-    state and gradient of the call then comes out NaN."""
-    if IS_VARLEN != 0:
-        bad = tl.zeros([KP], dtype=tl.int32) + tl.load(bad_offsets)
-        S = tl.where(bad[:, None] != 0, float("nan"), S)
-    return S
 
 
 @triton.jit
@@ -290,7 +289,7 @@ def _state_fwd_kernel(
     S = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    S = _refused(S, bad_offsets, IS_VARLEN, KP)
+    S = refused(S, bad_offsets, IS_VARLEN)
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
@@ -623,7 +622,7 @@ def _state_bwd_kernel(
     dS = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    dS = _refused(dS, bad_offsets, IS_VARLEN, KP)
+    dS = refused(dS, bad_offsets, IS_VARLEN)
     NT = tl.cdiv(T_s, BT)
     q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
     dh += (NT - 1).to(tl.int64) * HV * K * V

@@ -72,6 +72,17 @@ def chunk_gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
+def refused(S, bad_offsets, IS_VARLEN):
+    """A state (or its gradient) [rows, cols], or NaN where the plan refused a packed call's offsets
+    (chunk_index): a pass that starts from it gives every output, final state and gradient of the call
+    NaN."""
+    if IS_VARLEN != 0:
+        bad = tl.zeros([S.shape[0]], dtype=tl.int32) + tl.load(bad_offsets)
+        S = tl.where(bad[:, None] != 0, float("nan"), S)
+    return S
+
+
+@triton.jit
 def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN):
     """Program i_c -> (chunk index within its sequence, first token of the sequence, its length).
 

@@ -44,8 +44,10 @@ from gdn.backends.triton.common.tiles import (
     locate_segment,
     masked_exp,
     mma,
+    refused,
     within,
 )
+from gdn.backends.triton.common.wy_bwd import decay_terms, reverse_cumsum, through_inverse
 from gdn.backends.triton.l2norm import grad_rows
 from gdn.backends.triton.launch import launch
 
@@ -298,10 +300,8 @@ def _reverse_walk_kernel(
     if HAS_START != 0:
         dS_a += tl.load(start + i_nh.to(tl.int64) * K * V + kv_a, mask=m_a, other=0.0).to(tl.float32)
         dS_b += tl.load(start + i_nh.to(tl.int64) * K * V + kv_b, mask=m_b, other=0.0).to(tl.float32)
-    if IS_VARLEN != 0:  # refused offsets (chunk_index): every gradient NaN
-        bad = tl.zeros([KH], dtype=tl.int32) + tl.load(bad_offsets)
-        dS_a = tl.where(bad[:, None] != 0, float("nan"), dS_a)
-        dS_b = tl.where(bad[:, None] != 0, float("nan"), dS_b)
+    dS_a = refused(dS_a, bad_offsets, IS_VARLEN)  # refused offsets (chunk_index): every gradient NaN
+    dS_b = refused(dS_b, bad_offsets, IS_VARLEN)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = NT - 1
         while i_t >= 0:
@@ -367,8 +367,6 @@ def _group_reduce_kernel(
     p_qk = (tok * H + i_h)[:, None] * K + o_k[None, :]
     kt = tl.load(k + p_qk, mask=m_tk, other=0.0)
     kk = mma(kt, tl.trans(kt), FP32_DOT)
-    lower = o_t[:, None] >= o_t[None, :]
-    strict = (o_t[:, None] > o_t[None, :]) & mt[:, None]
     dAs = tl.zeros([BT, BT], dtype=tl.float32)
     for i_g in range(HV // H):
         i_hv = i_h * (HV // H) + i_g
@@ -384,18 +382,12 @@ def _group_reduce_kernel(
             dT += tl.load(dT_parts + at[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
             db += tl.load(dbg_parts + at * 2, mask=mt, other=0.0)
             dG += tl.load(dbg_parts + at * 2 + 1, mask=mt, other=0.0)
-        # T = (I + A)^-1: dA = -T^T dT T^T on the strictly lower triangle, times the decay of A
-        dT = cast_as(tl.where(lower, dT, 0.0), k)
-        dA = -mma(cast_as(mma(AT, dT, FP32_DOT), k), AT, FP32_DOT)
-        dA *= masked_exp(G[:, None] - G[None, :], strict)
+        dA = through_inverse(dT, AT, G, o_t, mt, k, FP32_DOT)
         dAs += dA * b[:, None]
-        dAkk = dA * kk
-        db += tl.sum(dAkk, 1)
-        dAA = dAkk * b[:, None]  # dA_ij * A_ij
-        dG += tl.sum(dAA, 1) - tl.sum(dAA, 0)
-        # dg_t = sum of dG_i over the chunk's rows i >= t (padded rows carry zero)
-        dg_t = tl.sum(tl.where(o_t[:, None] <= o_t[None, :], tl.where(mt, dG, 0.0)[None, :], 0.0), 1)
-        tl.store(dg + tok * HV + i_hv, dg_t, mask=mt)
+        db_A, dG_A = decay_terms(dA, kk, b)
+        db += db_A
+        dG += dG_A
+        tl.store(dg + tok * HV + i_hv, reverse_cumsum(dG, o_t, mt), mask=mt)
         tl.store(dbeta + tok * HV + i_hv, db, mask=mt)
 
     dk_t = mma(cast_as(dAs + tl.trans(dAs), k), kt, FP32_DOT)
