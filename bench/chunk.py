@@ -42,9 +42,9 @@ whose knobs are all among those named; with --profile each sweep setting's kerne
 changed. `--shape` adds a dense row of its own (the heads of one tensor-parallel rank, say) and leaves
 the standard rows out unless --rows names them.
 
-The results file (bench/results/chunk-<date>.json) is written again after every row: a run cut short
-(a peer's first compile past the time a device call gives) keeps the rows it measured and lists the
-ones it did not under `not_run`.
+The results file (bench/results/chunk-<date>.json, chunk-split-<date>.json with --split) is written again
+after every row: a run cut short (a peer's first compile past the time a device call gives) keeps the
+rows it measured and lists the ones it did not under `not_run`.
 """
 
 from __future__ import annotations
@@ -446,6 +446,7 @@ def main() -> None:
         impls["fla-triton"] = fla_impl({"FLA_FLASH_QLA": "0"})
     impls = {name: fn for name, fn in impls.items() if fn is not None and name in wanted}
     rows, sweep, kernels, done = [], [], [], 0
+    results_name = "chunk-split" if args.split else "chunk"  # a --split run beside a plain one keeps both
     env = environment("fla-core", "flash-qla", "tilelang", "flashinfer-python", "nvidia-cutlass-dsl")
     # the guard lives in fla: without fla there is nothing to lift
     with bypass_hopper_guard() if "fla" in impls else contextlib.nullcontext():
@@ -489,7 +490,7 @@ def main() -> None:
             torch.cuda.empty_cache()
             done += 1
             # written after every shape: a run cut short (a peer's JIT past the time given) keeps its rows
-            write_results("chunk", results_payload(env, compared(rows, kernels), sweep, kernels, shapes[done:]))
+            write_results(results_name, results_payload(env, compared(rows, kernels), sweep, kernels, shapes[done:]))
     rows = compared(rows, kernels)
     columns = [
         "shape",
@@ -505,7 +506,7 @@ def main() -> None:
     print_table(rows, ["shape", "impl", "kernel_vs_fla", "kernel_vs_flashqla", "fwd_vs_flashinfer", "graph_error"])
     if kernels:
         print_table(kernels, ["shape", "impl", "kernel", "ms", "launches"])
-    print(f"written {write_results('chunk', results_payload(env, rows, sweep, kernels, shapes[done:]))}")
+    print(f"written {write_results(results_name, results_payload(env, rows, sweep, kernels, shapes[done:]))}")
 
 
 def compared(rows: list[dict], kernels: list[dict]) -> list[dict]:
