@@ -113,3 +113,32 @@ def test_a_forward_only_peer_is_compared_by_its_forward():
     assert row["fwd_vs_flashinfer"] == 2.0 and "fwd_bwd_vs_flashinfer" not in row
     assert "kernel_vs_flashinfer" not in row  # forward+backward kernels against a forward's: not a ratio
     assert (row["fwd_kernel_ms"], row["fwd_kernel_vs_flashinfer"]) == (0.9, 2.0)
+
+
+def test_flashinfer_is_called_packed_with_the_gate_as_a_factor(monkeypatch):
+    """FlashInfer's GDN prefill takes [T, heads, D] with cu_seqlens, the gate as exp(g) and beta in fp32:
+    a dense batch goes as B sequences of T, and its output comes back as [B, T, HV, V]."""
+    import sys
+    import types
+
+    import torch
+
+    seen = {}
+
+    def prefill(q, k, v, g, beta, *, cu_seqlens, use_qk_l2norm_in_kernel):
+        seen.update(q=q.shape, v=v.shape, g=g, beta=beta.dtype, cu=cu_seqlens.tolist(), l2norm=use_qk_l2norm_in_kernel)
+        return torch.zeros(v.shape)
+
+    package = types.ModuleType("flashinfer")
+    package.gdn_prefill = types.SimpleNamespace(chunk_gated_delta_rule=prefill)
+    monkeypatch.setitem(sys.modules, "flashinfer", package)
+    monkeypatch.setitem(sys.modules, "flashinfer.gdn_prefill", package.gdn_prefill)
+    run = chunk.flashinfer_impl()
+    q, k = torch.randn(2, 5, 1, 8), torch.randn(2, 5, 1, 8)
+    v, g, beta = torch.randn(2, 5, 2, 8), -torch.rand(2, 5, 2), torch.rand(2, 5, 2).bfloat16()
+    o, final = run(q, k, v, g, beta)
+    assert o.shape == (2, 5, 2, 8) and final is None
+    assert seen["q"] == (10, 1, 8) and seen["v"] == (10, 2, 8) and seen["cu"] == [0, 5, 10]
+    assert torch.equal(seen["g"], g.reshape(10, 2).exp()) and seen["beta"] == torch.float32 and seen["l2norm"]
+    run(q[:1], k[:1], v[:1], g[:1], beta[:1], cu_seqlens=torch.tensor([0, 2, 5], dtype=torch.int32))
+    assert seen["cu"] == [0, 2, 5]
