@@ -28,6 +28,11 @@ class Call:
     def device(self) -> torch.device:
         return getattr(self, _field_names(type(self))[0]).device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the call's first input (q, x, A_log): the one that picks a kernel's variant."""
+        return getattr(self, _field_names(type(self))[0]).dtype
+
     def tensors(self) -> Iterator[torch.Tensor]:
         for name in _field_names(type(self)):
             value = getattr(self, name)

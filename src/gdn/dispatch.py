@@ -88,7 +88,7 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
             and step.run is not None
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         ):
-            record_route(step.route)
+            record_route(step.route, name, tensors[0].dtype)
             return step.run(*tensors)
     call, _, fn = serve(name, args, kwargs)
     return call.public_result(fn(call))

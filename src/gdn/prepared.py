@@ -85,7 +85,7 @@ class PreparedPoolDecode:
             return ops.fused_recurrent_gated_delta_rule_update(
                 q, k, v, g, beta, self._pool, ssm_indices, **self._options
             )
-        record_route(self.route)
+        record_route(self.route, OP, q.dtype)
         return self._step(q, k, v, g, beta, self._pool, ssm_indices)
 
     def _refuse(self, found: tuple) -> None:

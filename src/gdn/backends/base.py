@@ -4,6 +4,7 @@ unavailable, and the route string that says which code path actually runs."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,10 @@ class Backend:
     # (the numeric probe hands over all its cases before running them), running `meanwhile` (the
     # probe's eager references) while they compile; None where nothing compiles ahead
     compile_ahead: Callable[[str, list[Call], Callable[[], object]], None] | None = None
+    # a peer that dispatches again inside itself (fla's registry, FlashQLA's per-architecture kernels):
+    # a context manager under which that dispatch notes what it ran in gdn's kernel log
+    # (gdn.kernel_log), yielding whether the peer was found to watch; None where nothing more is chosen
+    watch: Callable[[], AbstractContextManager[bool]] | None = None
     _load_error: str | None = field(default=None, init=False, repr=False)
 
     def _table(self) -> OpTable | None:

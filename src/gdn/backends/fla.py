@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 import torch
 
+from gdn.backends import fla_dispatch
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall, L2NormCall
 
@@ -94,6 +95,7 @@ def make_backend() -> Backend:
         auto_rank={"cuda": 1, "npu": 2},
         route=_route,
         probe_tolerance=PROBE_TOLERANCE,
+        watch=fla_dispatch.watching,
     )
 
 

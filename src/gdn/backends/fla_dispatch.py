@@ -8,6 +8,10 @@ function; when none does, fla's own Triton function runs. This module asks the s
 same objects, with a call shaped like the matrix's benchmark (bf16, K = V = 128, inputs that need
 gradients) made of meta tensors, so no kernel runs and nothing is allocated.
 
+`watching()` also notes, while it is in force, every dispatch fla's registries make at run time in
+gdn's kernel log (gdn.kernel_log), keyed by the call's dtype: what fla really ran for each call, which
+a static answer for one call cannot say (an fp32 training step is not the bf16 call asked about here).
+
 It also says whether fla's Hopper guard (its gated chunk_bwd_dqkwg refuses Triton >= 3.4.0 and < 3.7.1
 on Hopper) would stop that call's backward here: only when the chunk op stays on fla's Triton path and
 fla's `common` registry hands chunk_bwd_dqkwg to no other backend (TileLang, where usable).
@@ -15,11 +19,14 @@ fla's `common` registry hands chunk_bwd_dqkwg to no other backend (TileLang, whe
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from gdn import kernel_log
 from gdn.backends.base import describe_error
 
 OPERATION = "gated_delta_rule"
@@ -28,6 +35,7 @@ COMMON = "common"
 DQKWG = "chunk_bwd_dqkwg"
 FLA_TRITON = "triton"  # fla's own function, what runs when no registered backend takes the call
 DISABLE_ENV = "FLA_DISABLE_BACKEND_DISPATCH"
+LEVEL = "fla"  # the level of fla's own dispatch in gdn's kernel log
 # the shapes the verifiers are asked about: the benchmark's heads, one chunk of tokens
 B, T, H, HV, D, NT = 1, 64, 16, 32, 128, 1
 CALL_TEXT = f"bf16 q/k/v, fp32 g, B={B} T={T} H={H} HV={HV} K=V={D}, l2norm in kernel, inputs need grad"
@@ -89,13 +97,19 @@ def _candidate(backend: Any, function: str, args: tuple, kwargs: dict[str, Any])
     return entry
 
 
+def _sorted_backends(registry: Any) -> list[Any]:
+    """The registry's backends in fla's order, as fla's own method gives them (not `watching`'s)."""
+    method = type(registry)._get_sorted_backends
+    return getattr(method, kernel_log.ORIGINAL, method)(registry)
+
+
 def choice(operation: str, function: str, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
     """fla's candidates for `function` of `operation`, in its order, and the one its dispatch takes."""
     import fla.backends
 
     disabled = bool(getattr(fla.backends, "_DISPATCH_DISABLED", False))
     candidates = (
-        [] if disabled else [_candidate(b, function, args, kwargs) for b in _registry(operation)._get_sorted_backends()]
+        [] if disabled else [_candidate(b, function, args, kwargs) for b in _sorted_backends(_registry(operation))]
     )
     chosen = next((c["backend"] for c in candidates if c["accepted"]), FLA_TRITON)
     return {"function": function, "dispatch_disabled": disabled, "candidates": candidates, "chosen": chosen}
@@ -139,3 +153,123 @@ def describe() -> dict[str, Any]:
     except Exception as exc:
         section["hopper_guard"] = {"error": describe_error(exc)}
     return section
+
+
+# ---------------------------------------------------------------- what fla dispatches at run time
+
+
+def _first_dtype(args: tuple, kwargs: dict[str, Any]) -> torch.dtype | None:
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            return value.dtype
+    return None
+
+
+class _Dispatch:
+    """One dispatch of fla's registry, as `watching` follows it through fla's own loop: the candidates
+    that declined the call, then the one that ran it (a backend, or fla's own function)."""
+
+    def __init__(self, operation: str) -> None:
+        self.operation = operation
+        self.dtype: torch.dtype | None = None
+        self.passed_over: list[tuple[str, str]] = []
+
+    def verified(self, args: tuple, kwargs: dict[str, Any]) -> None:
+        if self.dtype is None:
+            self.dtype = _first_dtype(args, kwargs)
+
+    def note(self, function: str, ran: str) -> None:
+        dtype = self.dtype if self.dtype is not None else torch.float32
+        kernel_log.note(LEVEL, f"{self.operation}.{function}", dtype, ran, tuple(self.passed_over))
+
+
+class _Candidate:
+    """A registered backend as fla's dispatch loop sees it, noting why it declines and when it runs."""
+
+    def __init__(self, backend: Any, dispatch: _Dispatch) -> None:
+        self._backend = backend
+        self._dispatch = dispatch
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def verify(self, function_name: str, *args: Any, **kwargs: Any) -> tuple[bool, str | None]:
+        self._dispatch.verified(args, kwargs)
+        accepted, reason = self._backend.verify(function_name, *args, **kwargs)
+        if not accepted:
+            self._dispatch.passed_over.append((self._backend.backend_type, str(reason)))
+        return accepted, reason
+
+    def get_implementation(self, function_name: str) -> Callable | None:
+        implementation = self._backend.get_implementation(function_name)
+        backend_type, dispatch = self._backend.backend_type, self._dispatch
+        if implementation is None:
+            dispatch.passed_over.append((backend_type, f"implements no {function_name}"))
+            return None
+
+        def noted(*args: Any, **kwargs: Any) -> Any:
+            dispatch.note(function_name, backend_type)
+            return implementation(*args, **kwargs)
+
+        return noted
+
+
+class _OwnFunction:
+    """Last in the loop, where fla runs its own function: accepts every call and offers no
+    implementation, so fla's loop goes on to its own function exactly as without it."""
+
+    backend_type = FLA_TRITON
+
+    def __init__(self, dispatch: _Dispatch) -> None:
+        self._dispatch = dispatch
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_enabled(self) -> bool:
+        return True
+
+    def verify(self, function_name: str, *args: Any, **kwargs: Any) -> tuple[bool, None]:
+        self._dispatch.verified(args, kwargs)
+        self._dispatch.note(function_name, FLA_TRITON)
+        return True, None
+
+    def get_implementation(self, function_name: str) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def watching() -> Iterator[bool]:
+    """While the block runs, every dispatch of fla's registries (fla >= 0.6) notes what ran in the kernel
+    log in force: `gated_delta_rule.chunk_gated_delta_rule -> flash_qla`, `common.chunk_bwd_dqkwg ->
+    tilelang`, with the call's dtype and the backends that declined it. fla's dispatch loop reads its
+    candidates from the registry at every call, so the candidates it reads are wrapped (each declining
+    or running call noted) and followed by a last one that notes the fall-through to fla's own function;
+    what fla runs, and what it logs, is unchanged. Yields whether fla's registry was found (False: fla
+    absent, broken, or without a registry; nothing is watched). With FLA_DISABLE_BACKEND_DISPATCH=1 fla
+    calls its functions directly and nothing is noted at this level."""
+    try:
+        import fla.backends as registry_module
+
+        registry_class = registry_module.BackendRegistry
+        original = registry_class.__dict__["_get_sorted_backends"]
+    except Exception:  # fla absent, failing to import (a broken tilelang), or older than its registry
+        yield False
+        return
+    if getattr(original, kernel_log.ORIGINAL, None) is not None:  # watched already (nested): leave it as it is
+        yield True
+        return
+
+    def sorted_backends(registry: Any) -> list[Any]:
+        backends = original(registry)
+        if kernel_log.ACTIVE is None:
+            return backends
+        dispatch = _Dispatch(registry.operation_name)
+        return [*(_Candidate(b, dispatch) for b in backends), _OwnFunction(dispatch)]
+
+    setattr(sorted_backends, kernel_log.ORIGINAL, original)
+    registry_class._get_sorted_backends = sorted_backends
+    try:
+        yield True
+    finally:
+        registry_class._get_sorted_backends = original

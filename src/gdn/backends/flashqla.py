@@ -19,8 +19,13 @@ reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 
+from gdn import kernel_log
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall
 
@@ -32,6 +37,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 # eager on the same bf16 inputs is bf16 rounding at the kernel's inputs and outputs and between its
 # fused stages (fla's Triton path measures 5e-3 on the H200 the same way); a wrong term costs O(1).
 PROBE_TOLERANCE = {OP: 2e-2}
+# FlashQLA's chunk module: it imports the kernels of this GPU's architecture (a submodule per
+# architecture: hopper, blackwell, blackwell_sm120) and decides per forward call, in
+# _auto_intra_cp_context, whether to split the sequences across the card (intra-card context parallelism)
+CHUNK_MODULE = "flash_qla.ops.gated_delta_rule.chunk"
+CP_DECISION = "_auto_intra_cp_context"
+LEVEL = "flash_qla"  # the level of FlashQLA's own choice in gdn's kernel log
 
 
 def _version() -> str:
@@ -111,6 +122,39 @@ def _route(op: str) -> str:
     return f"{NAME}:{_version()}"
 
 
+@contextlib.contextmanager
+def watching() -> Iterator[bool]:
+    """While the block runs, each forward call of FlashQLA's chunk op, whoever makes it (this adapter, or
+    fla handing its chunk op to FlashQLA), notes the variant it ran in gdn's kernel log: the kernels'
+    architecture and whether the call was split across the card ("hopper, intra-card CP"). Yields
+    whether FlashQLA's chunk module was found (it imports only on the GPUs it supports)."""
+    try:
+        import importlib
+
+        chunk = importlib.import_module(CHUNK_MODULE)
+        decide = getattr(chunk, CP_DECISION)
+        architecture = chunk.fused_gdr_fwd.__module__.rsplit(".", 1)[-1]
+    except Exception:  # not installed, or not importable on this machine
+        yield False
+        return
+    if getattr(decide, kernel_log.ORIGINAL, None) is not None:  # watched already (nested)
+        yield True
+        return
+
+    def noted(k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        context = decide(k, *args, **kwargs)
+        split = ", intra-card CP" if getattr(context, "is_intra", False) else ""
+        kernel_log.note(LEVEL, OP, k.dtype, f"{architecture}{split}")
+        return context
+
+    setattr(noted, kernel_log.ORIGINAL, decide)
+    setattr(chunk, CP_DECISION, noted)
+    try:
+        yield True
+    finally:
+        setattr(chunk, CP_DECISION, decide)
+
+
 def make_backend() -> Backend:
     return FlashQLABackend(
         name=NAME,
@@ -122,4 +166,5 @@ def make_backend() -> Backend:
         probe_dtype=torch.bfloat16,
         probe_head_dims=(HEAD_DIM, HEAD_DIM),
         probe_outside_limits=(HEAD_DIM // 2, HEAD_DIM // 2),
+        watch=watching,
     )

@@ -6,7 +6,10 @@ loads this plugin (`-p gdn.matrix.outcomes --gdn-outcomes results/<cell>/tests.j
 reads the file back when the run ends early. Under pytest-xdist only the controlling process writes
 (the workers' reports reach it).
 
-A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s"}.
+A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s",
+"kernels", "comparison"}: a failed or errored test carries the calls it made and what they ran (where
+gdn.matrix.kernels_plugin records them), and a test that compares a backend with another carries what it
+compared (the `gdn_comparison` property: the mode, the ops it served, the ops that fell back and why).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the runner and the report read the file back without pytest
     import pytest
@@ -23,6 +26,10 @@ OPTION = "--gdn-outcomes"
 FILE = "tests.jsonl"
 MESSAGE_CHARS = 300
 OUTCOMES = ("passed", "failed", "error", "skipped")
+# the user property by which a test says what a backend comparison compared (JSON: {"mode": ...,
+# "compared": [op, ...], "fell_back": {op: why}}), and the report attribute of the kernels plugin
+COMPARISON = "gdn_comparison"
+KERNELS = "gdn_kernels"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,8 @@ class FinishedTest:
     family: str | None = None
     message: str | None = None
     duration_s: float = 0.0
+    kernels: list[dict[str, Any]] | None = None
+    comparison: dict[str, Any] | None = None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,13 +68,16 @@ def finished(report: pytest.TestReport) -> FinishedTest | None:
     message = getattr(crash, "message", None)
     if message is None and isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
         message = str(report.longrepr[-1])
-    family = dict(report.user_properties).get("family")
+    properties = dict(report.user_properties)
+    comparison = properties.get(COMPARISON)
     return FinishedTest(
         nodeid=report.nodeid,
         outcome=outcome,
-        family=family,
+        family=properties.get("family"),
         message=message[:MESSAGE_CHARS] if message else None,
         duration_s=round(report.duration, 3),
+        kernels=getattr(report, KERNELS, None) if outcome in ("failed", "error") else None,
+        comparison=json.loads(comparison) if isinstance(comparison, str) else None,
     )
 
 

@@ -5,6 +5,7 @@
     manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
     bench.json        BenchFile        written by the cell's benchmark (bench.cell)
+    kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
@@ -25,6 +26,7 @@ from gdn.matrix.jsonio import write_json
 
 CELL_SCHEMA = 1
 BENCH_SCHEMA = 2
+KERNELS_SCHEMA = 1
 REPORT_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
@@ -149,6 +151,35 @@ class Manifest:
     transformers: Section | None = None
     devices: Section | None = None
     resolution: list[ResolutionRecord] | None = None
+
+
+# ---------------------------------------------------------------- kernels.json
+
+
+@dataclass
+class KernelCount:
+    """One kind of call and how many were made (gdn.kernel_log.KernelEntry): at `level` ("gdn", or a
+    peer's own dispatch: "fla", "flash_qla"), `function` (a gdn op, or the peer's operation.function,
+    e.g. "common.chunk_bwd_dqkwg") with inputs of `dtype` ran `ran` (a gdn route such as
+    "triton:bundled", or the peer's backend: "triton" is fla's own function), after the candidates in
+    `passed_over` declined it; `during` says what the process was doing when not serving a call of the
+    step's own (gdn's numeric probe of a backend)."""
+
+    level: str
+    function: str
+    dtype: str
+    ran: str
+    calls: int
+    passed_over: list[Rejection] = field(default_factory=list)
+    during: str | None = None
+
+
+@dataclass
+class KernelsFile:
+    """kernels.json: per step of the cell's run ("tests", "accuracy", "bench"), every kind of call it made."""
+
+    steps: dict[str, list[KernelCount]] = field(default_factory=dict)
+    schema: int = KERNELS_SCHEMA
 
 
 # ---------------------------------------------------------------- bench.json
@@ -325,6 +356,7 @@ MODELS: dict[str, Any] = {
     "manifest": Manifest,
     "resolution": list[ResolutionRecord],
     "bench": BenchFile,
+    "kernels": KernelsFile,
     "report": Report,
 }
 
