@@ -26,6 +26,11 @@ configuration than it would alone. A runner that keeps its caches (Triton's ~/.t
 Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
 with the guard lifted and its rows say that its gradients are not to be trusted there.
 
+The timing runs with gdn's kernel log on (gdn.matrix.kernels): each row's `implementation` is the route
+gdn resolved followed by what the peer's own dispatch ran for the row's calls ("fla:0.6.0 ->
+gated_delta_rule.chunk_gated_delta_rule: flash_qla; ..."), and with --kernels the timing's calls are the
+"bench" step of the cell's kernels.json.
+
 Usage: PYTHONPATH=src:. python -m bench.cell [--matrix-out results/<cell>/bench.json] [--budget-s 180]
 Needs a GPU or NPU; without one it says so and exits 0 (cells without an accelerator run no bench).
 """
@@ -49,7 +54,9 @@ import torch
 
 import gdn
 from bench._common import chunk_inputs, environment, median_ms, peak_gib, pool_decode_inputs, print_table, write_results
+from gdn.kernel_log import KernelLog
 from gdn.matrix.cell import end_group
+from gdn.matrix.kernels import add_step, peer_text, recording
 from gdn.matrix.schema import BenchFile, BenchRow, shape_text
 from gdn.resolve import backends, compute_mode_override, resolve
 
@@ -107,16 +114,15 @@ def timing_order(names: list[str]) -> list[str]:
     return sorted(names, key=lambda name: name in PEERS)
 
 
-def fla_kernel() -> tuple[str | None, bool]:
-    """The kernel fla's own dispatch takes for the chunk op here, and whether its Hopper guard blocks."""
+def fla_guard_blocks() -> bool:
+    """Whether fla's Hopper guard blocks its gated backward here (for the bench's bf16 chunk calls)."""
     try:
         from gdn.backends import fla_dispatch
 
         described = fla_dispatch.describe()
     except Exception:  # fla does not import: its resolution says why
-        return None, False
-    guard = described.get("hopper_guard") or {}
-    return (described.get("chunk") or {}).get("chosen"), bool(guard.get("blocks_gated_backward"))
+        return False
+    return bool((described.get("hopper_guard") or {}).get("blocks_gated_backward"))
 
 
 class Cell:
@@ -131,7 +137,7 @@ class Cell:
         self.budget_s = budget_s
         self.started = time.monotonic()
         self.rows: list[BenchRow] = []
-        self.fla_chunk, self.fla_guard_blocks = fla_kernel()
+        self.fla_guard_blocks = fla_guard_blocks()
         self.spent = False
         self.measuring = False
         self.first_calls_only = first_calls_only
@@ -142,6 +148,7 @@ class Cell:
         self.unreached: dict[tuple[str, int], str] = {}
         self.unfinished: dict[tuple[str, int], str] = {}
         self.workload = 0
+        self.log: KernelLog | None = None  # the kernel log in force while timing
 
     @contextlib.contextmanager
     def deadline(self) -> Iterator[None]:
@@ -184,16 +191,14 @@ class Cell:
         if res.backend != backend:
             why = "; ".join(r.reason for r in res.rejected if r.backend == backend)
             return None, why or f"resolved to {res.backend}"
-        route = res.route
-        if backend == "fla" and op == CHUNK and self.fla_chunk:
-            route = f"{route} -> {self.fla_chunk}"
-        return route, None
+        return res.route, None
 
     def measure(self, backend: str, op: str, shape: dict[str, int], passes: dict[str, Callable[[], object]], grads):
         with self.peer_context(backend, op) as note:
             route = reason = None
             for name, fn in passes.items():
                 row = BenchRow(op, backend, shape, name, note=note)
+                mark = self.log.mark() if self.log is not None else None
                 self.measuring = True
                 try:
                     self.take_first_call(row)
@@ -205,6 +210,8 @@ class Cell:
                             row.reason = "forward-only kernel: calls that need gradients run eager"
                         if row.reason is None:
                             self.time_pass(row, fn, grads)
+                            peers = peer_text(self.log.since(mark)) if self.log is not None else ""
+                            row.implementation = f"{route} -> {peers}" if peers else route
                 except BudgetSpent:
                     row.ms = row.peak_gib = None
                 finally:
@@ -363,7 +370,7 @@ def _row_fields(data: dict) -> dict:
     return data
 
 
-def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:
+def run(device: str, budget_s: float, warm_up_s: float, kernels: Path | None = None) -> BenchFile:
     started = time.monotonic()
     cell = Cell(device, budget_s)
     names = timing_order(serving(device))
@@ -374,10 +381,12 @@ def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:
     print(f"warm-up done after {warm_up_elapsed:.0f} s; timing in this process within {budget_s:.0f} s")
     cell.started = time.monotonic()
     print_row({c: c for c in COLUMNS})
-    with cell.deadline():
+    with recording() as cell.log, cell.deadline():
         for backend in names:
             for workload in range(len(WORKLOADS)):
                 run_workload(cell, backend, workload)
+    if kernels is not None:
+        add_step(kernels, "bench", cell.log.mark())
     cell.rank()
     return BenchFile(
         environment=environment("fla-core", "flash-qla", "tilelang", device=device),
@@ -413,6 +422,7 @@ def seconds_from_env(name: str, default: float) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
+    parser.add_argument("--kernels", type=Path, help="add what the timing's calls ran to this kernels.json")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -441,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     if device is None:
         print("bench.cell: needs a GPU or an NPU (none is visible); nothing timed")
         return 0
-    bench = run(device, args.budget_s, args.warm_up_s)
+    bench = run(device, args.budget_s, args.warm_up_s, args.kernels)
     payload = bench.to_json()
     print()
     print_table([_printable(r) for r in bench.rows], COLUMNS)

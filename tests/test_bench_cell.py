@@ -33,7 +33,8 @@ def test_the_cell_entry_runs_bench_cell(tmp_path, monkeypatch):
     entry.main(["--cell", "c", "--out", str(tmp_path), "--families", "probe", "--bench"])
     [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].startswith("bench")]
     assert bench[bench.index("-m") + 1] == "bench.cell"
-    assert bench[-2:] == ["--matrix-out", str(tmp_path / "bench.json")]
+    assert bench[bench.index("--matrix-out") + 1] == str(tmp_path / "bench.json")
+    assert bench[bench.index("--kernels") + 1] == str(tmp_path / "kernels.json")
 
 
 def test_peers_are_timed_after_gdns_own_backends():
@@ -48,7 +49,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 
     from bench import cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.5)
     monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
     slow = {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}
@@ -69,7 +70,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
     from bench import cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.0)
     bench.spent = True
     bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
@@ -104,7 +105,7 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
 
     shape = {"B": 1}
     row = {"op": cell.CHUNK, "backend": "triton", "shape": shape, "pass": "fwd", "first_call_s": 97.5}
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "WORKLOADS", (("chunk", (1,)),))
     monkeypatch.setattr(
         cell, "warm_up_command", lambda device, backend, workload, rows_out: _fake_warm_up(backend, rows_out, row)
@@ -133,7 +134,7 @@ def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes
 
     from bench import cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "median_ms", lambda *a, **k: pytest.fail("a warm-up process does not time"))
     monkeypatch.setattr(cell.torch, "cpu", type("Cpu", (), {"synchronize": staticmethod(lambda: None)}), raising=False)
     rows_out = tmp_path / "rows.jsonl"

@@ -21,8 +21,10 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # gdn.matrix's cell entry imports this module where torch may be broken
+    import torch
 
 # the candidates that declined a call before the one that ran it: (backend, why) pairs
 PassedOver = tuple[tuple[str, str], ...]

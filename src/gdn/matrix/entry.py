@@ -1,6 +1,7 @@
 """What runs inside a cell (a container, or the host for host-runtime cells): the probe, then the
-cell's test families under pytest with JUnit output, then the optional benchmark. Everything goes to
-the output directory (see gdn.matrix.results); the exit status says how it went:
+cell's test families under pytest with JUnit output, then the accuracy table, then the optional
+benchmark; gdn's kernel log records what each step's calls ran (kernels.json). Everything goes to the
+output directory (see gdn.matrix.results); the exit status says how it went:
 0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
 
     python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
@@ -20,12 +21,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gdn.matrix import outcomes
+from gdn.matrix import kernels_plugin, outcomes
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.results import FAMILY_MARKERS
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
 PYTEST_NO_TESTS = 5
+KERNELS, ACCURACY = "kernels.json", "accuracy.json"
 
 
 def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict:
@@ -39,6 +41,7 @@ def _pytest_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
     command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
     command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={args.out / outcomes.FILE}"]
+    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels_plugin.OPTION}={args.out / KERNELS}"]
     if importlib.util.find_spec("xdist") is not None:
         command += ["-n", os.environ.get("GDN_TEST_WORKERS", "auto")]
     return command
@@ -81,8 +84,11 @@ def _run(args: argparse.Namespace) -> int:
     if manifest_path.exists():
         write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
+    accuracy = [sys.executable, "-m", "gdn.matrix.accuracy", "--output", str(args.out / ACCURACY)]
+    steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / KERNELS)], scratch, env))
     if args.bench:
         bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
+        bench_cmd += ["--kernels", str(args.out / KERNELS)]
         steps.append(
             _step(
                 "bench",
@@ -93,7 +99,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     write_json(args.out / "entry.json", {"cell": args.cell, "families": args.families, "steps": steps})
     codes = {s["step"]: s["exit_code"] for s in steps}
-    if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes.get("bench", 0) != 0:
+    if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes["accuracy"] != 0 or codes.get("bench", 0) != 0:
         return 2
     return codes["pytest"]
 

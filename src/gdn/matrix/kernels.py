@@ -84,3 +84,13 @@ def add_step(path: Path, step: str, counts: Counter[KernelEntry]) -> None:
         steps = {k: v for k, v in found["steps"].items() if isinstance(v, list)}
     steps[step] = kernel_records(counts)
     write_json(path, {"schema": KERNELS_SCHEMA, "steps": steps})
+
+
+def peer_text(counts: Counter[KernelEntry]) -> str:
+    """What the peers' own dispatch ran among `counts` (the levels below gdn's), as one line:
+    "gated_delta_rule.chunk_gated_delta_rule: flash_qla; common.chunk_bwd_dqkwg: tilelang"."""
+    ran: dict[str, list[str]] = {}
+    for entry in sorted(counts, key=_order):
+        if entry.level != "gdn" and entry.ran not in ran.setdefault(entry.function, []):
+            ran[entry.function].append(entry.ran)
+    return "; ".join(f"{function}: {', '.join(names)}" for function, names in ran.items())

@@ -6,6 +6,7 @@
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
     bench.json        BenchFile        written by the cell's benchmark (bench.cell)
     kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
+    accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
@@ -27,6 +28,7 @@ from gdn.matrix.jsonio import write_json
 CELL_SCHEMA = 1
 BENCH_SCHEMA = 2
 KERNELS_SCHEMA = 1
+ACCURACY_SCHEMA = 1
 REPORT_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
@@ -180,6 +182,47 @@ class KernelsFile:
 
     steps: dict[str, list[KernelCount]] = field(default_factory=dict)
     schema: int = KERNELS_SCHEMA
+
+
+# ---------------------------------------------------------------- accuracy.json
+
+AccuracyStatus = Literal["measured", "refused", "error", "not_run"]
+
+
+@dataclass
+class AccuracyRow:
+    """One backend on one case: `errors` maps each quantity the op's case compares (o, final_state, dq,
+    ..., pool, conv_state) to ||out - ref|| / ||ref|| against the fp64 reference, None where the output
+    is not finite. `status` says why a row has no errors: the backend refused the call (`reason`), raised
+    (`reason`), or the time budget was spent. `kernels` is what the row's calls ran,
+    at every dispatch level."""
+
+    op: str
+    backend: str
+    dtype: str
+    status: AccuracyStatus
+    regime: str | None = None
+    layout: str | None = None
+    route: str | None = None
+    errors: dict[str, float | None] = field(default_factory=dict)
+    reason: str | None = None
+    kernels: list[KernelCount] = field(default_factory=list)
+
+
+@dataclass
+class AccuracyFile:
+    """accuracy.json (`gdn-matrix accuracy`): every backend that serves each op on the device, against
+    fp64 references (gdn.matrix.accuracy.reference), at the shapes in `shape`; the backends that declare
+    the device but cannot run here are in `unavailable`, with the reason."""
+
+    device: str
+    shape: dict[str, int]
+    rows: list[AccuracyRow]
+    unavailable: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float | None = None
+    budget_s: float | None = None
+    schema: int = ACCURACY_SCHEMA
 
 
 # ---------------------------------------------------------------- bench.json
@@ -357,6 +400,7 @@ MODELS: dict[str, Any] = {
     "resolution": list[ResolutionRecord],
     "bench": BenchFile,
     "kernels": KernelsFile,
+    "accuracy": AccuracyFile,
     "report": Report,
 }
 
