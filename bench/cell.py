@@ -119,10 +119,10 @@ def fla_guard_blocks() -> bool:
     try:
         from gdn.backends import fla_dispatch
 
-        described = fla_dispatch.describe()
+        described = fla_dispatch.describe_dtype(torch.bfloat16)
     except Exception:  # fla does not import: its resolution says why
         return False
-    return bool((described.get("hopper_guard") or {}).get("blocks_gated_backward"))
+    return bool(described["hopper_guard"]["blocks_gated_backward"])
 
 
 class Cell:

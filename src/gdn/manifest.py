@@ -534,17 +534,12 @@ def _ascendc_text(s: Section) -> str:
 
 
 def fla_kernel_text(s: Section) -> str | None:
-    """The kernel fla's chunk op runs and whether the Hopper guard stops its backward, in one line."""
-    dispatch = s.get("dispatch")
-    if not isinstance(dispatch, dict):
+    """The kernels fla runs per dtype and whether the Hopper guard stops a backward, in one line."""
+    from gdn.matrix.peers import fla_kernel, kernel_text
+
+    if not isinstance(s.get("dispatch"), dict):
         return None
-    chunk, guard = dispatch.get("chunk") or {}, dispatch.get("hopper_guard") or {}
-    if chunk.get("error"):
-        return f"chunk kernel unknown ({chunk['error']})"
-    text = f"chunk -> {chunk.get('chosen')}"
-    if guard.get("blocks_gated_backward"):
-        text += "; Hopper guard blocks the gated backward"
-    return text
+    return kernel_text(fla_kernel({"fla": s}))
 
 
 def _fla_text(s: Section) -> str:

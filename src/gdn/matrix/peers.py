@@ -1,6 +1,7 @@
 """The kernels the peers themselves run, per cell, from the manifest's fla section (gdn.manifest): whether
-fla imports, the kernel its own dispatch takes for the chunk op, whether its Hopper guard blocks the
-gated backward, and the versions of the packages that decide it. The report shows them beside gdn's own
+fla imports, per dtype of the call (bf16 and fp32) the kernel its own dispatch takes for the chunk op and
+for the chunk_bwd_dqkwg its backward dispatches again, whether its Hopper guard blocks the gated
+backward, and the versions of the packages that decide it. The report shows them beside gdn's own
 resolution; diff reports a change of them as a change of kernel."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from gdn.matrix.markdown import md_table
+
+DQKWG = "chunk_bwd_dqkwg"  # the sub-function fla's chunk backward dispatches again (its common registry)
 
 
 def fla_kernel(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -18,17 +21,36 @@ def fla_kernel(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
     imported = fla.get("import") or {}
     if fla.get("distribution") is None and not imported.get("ok"):
         return None
-    dispatch = fla.get("dispatch") or {}
-    chunk = dispatch.get("chunk") or {}
-    guard = dispatch.get("hopper_guard") or {}
+    calls = (fla.get("dispatch") or {}).get("calls") or {}
     return {
         "version": (fla.get("distribution") or {}).get("version"),
         "import_error": None if imported.get("ok") else imported.get("error"),
-        "chunk": chunk.get("chosen"),
-        "hopper_guard_blocks": bool(guard.get("blocks_gated_backward")),
+        "calls": {dtype: _choices(found) for dtype, found in calls.items() if isinstance(found, dict)},
         "peer_packages": {k: v for k, v in (fla.get("peer_packages") or {}).items() if v},
         "stand_in": fla.get("stand_in"),
     }
+
+
+def _choices(found: dict[str, Any]) -> dict[str, Any]:
+    """One dtype's choices: the chunk op's and chunk_bwd_dqkwg's kernels, the guard's verdict."""
+    return {
+        "chunk": (found.get("chunk") or {}).get("chosen"),
+        DQKWG: (found.get(DQKWG) or {}).get("chosen"),
+        "hopper_guard_blocks": bool((found.get("hopper_guard") or {}).get("blocks_gated_backward")),
+        "error": found.get("error"),
+    }
+
+
+def choices_text(dtype: str, choices: dict[str, Any]) -> str:
+    """ "float32: chunk -> triton, chunk_bwd_dqkwg -> tilelang" (the guard's verdict where it blocks)."""
+    if choices.get("error"):
+        return f"{dtype}: unknown ({choices['error']})"
+    text = f"{dtype}: chunk -> {choices['chunk'] or 'unknown'}"
+    if choices["chunk"] == "triton":  # fla's own function: its backward dispatches chunk_bwd_dqkwg
+        text += f", {DQKWG} -> {choices[DQKWG] or 'unknown'}"
+    if choices["hopper_guard_blocks"]:
+        text += " (Hopper guard blocks the gated backward)"
+    return text
 
 
 def kernel_text(entry: dict[str, Any] | None) -> str:
@@ -36,10 +58,7 @@ def kernel_text(entry: dict[str, Any] | None) -> str:
         return "not installed"
     if entry["import_error"]:
         return f"does not import: {entry['import_error']}"
-    text = f"chunk -> {entry['chunk'] or 'unknown'}"
-    if entry["hopper_guard_blocks"]:
-        text += " (Hopper guard blocks the gated backward)"
-    return text
+    return "; ".join(choices_text(dtype, choices) for dtype, choices in entry["calls"].items()) or "unknown"
 
 
 def markdown(report: dict[str, Any]) -> list[str]:
