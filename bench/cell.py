@@ -84,7 +84,7 @@ WARMUP_MS, REP_MS = 25, 100
 COLUMNS = ["op", "shape", "pass", "backend", "implementation", "ms", "ratio", "peak_gib", "first_call_s", "reason"]
 # external libraries' adapters: timed after gdn's own backends, since their first calls may autotune or
 # compile for minutes and the budget must not go to them before gdn's rows exist
-PEERS = ("fla", "flashqla")
+PEERS = ("fla", "flashqla", "torch_npu")
 
 
 class BudgetSpent(BaseException):

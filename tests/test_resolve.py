@@ -923,6 +923,7 @@ def test_the_first_call_of_an_op_is_probed_in_its_own_class():
         "HV": 6,
         "K": 24,
         "V": 40,
+        "state_dtype": None,
         "l2norm": True,
         "initial_state": False,
         "final_state": False,

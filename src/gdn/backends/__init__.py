@@ -10,7 +10,14 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
-    from gdn.backends import ascendc, fla, flashqla, triton
+    from gdn.backends import ascendc, fla, flashqla, torch_npu_chunk, triton
     from gdn.backends.eager import EAGER
 
-    return [EAGER, ascendc.ASCENDC, triton.make_backend(), fla.make_backend(), flashqla.make_backend()]
+    return [
+        EAGER,
+        ascendc.ASCENDC,
+        triton.make_backend(),
+        fla.make_backend(),
+        flashqla.make_backend(),
+        torch_npu_chunk.make_backend(),
+    ]

@@ -265,10 +265,9 @@ def watching() -> Iterator[bool]:
         registry_class = registry_module.BackendRegistry
         original = registry_class.__dict__["_get_sorted_backends"]
     except Exception:  # fla absent, failing to import (a broken tilelang), or older than its registry
-        yield False
-        return
-    if getattr(original, kernel_log.ORIGINAL, None) is not None:  # watched already (nested): leave it as it is
-        yield True
+        original = None
+    if original is None or getattr(original, kernel_log.ORIGINAL, None) is not None:  # absent, or watched already
+        yield original is not None
         return
 
     def sorted_backends(registry: Any) -> list[Any]:

@@ -20,6 +20,7 @@ reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -129,16 +130,13 @@ def watching() -> Iterator[bool]:
     architecture and whether the call was split across the card ("hopper, intra-card CP"). Yields
     whether FlashQLA's chunk module was found (it imports only on the GPUs it supports)."""
     try:
-        import importlib
-
         chunk = importlib.import_module(CHUNK_MODULE)
         decide = getattr(chunk, CP_DECISION)
         architecture = chunk.fused_gdr_fwd.__module__.rsplit(".", 1)[-1]
     except Exception:  # not installed, or not importable on this machine
-        yield False
-        return
-    if getattr(decide, kernel_log.ORIGINAL, None) is not None:  # watched already (nested)
-        yield True
+        decide = None
+    if decide is None or getattr(decide, kernel_log.ORIGINAL, None) is not None:  # absent, or watched already
+        yield decide is not None
         return
 
     def noted(k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
