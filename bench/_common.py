@@ -34,6 +34,8 @@ def environment(*dists: str, device: str = "cuda") -> dict:
         "python": platform.python_version(),
         "versions": versions(*dists),
     }
+    if device == "cpu":  # a dry run of a script written for the accelerator
+        return {**stamp, "device": device, "card": platform.processor() or platform.machine()}
     if device != "cuda":
         return {**stamp, "device": device, "card": getattr(torch, device).get_device_name(0)}
     props = torch.cuda.get_device_properties(0)

@@ -28,11 +28,12 @@ BUDGET_S = 600.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from gdn.matrix.accuracy.cases import OPS
+    from gdn.matrix.accuracy.cases import DTYPES, OPS
 
     parser.add_argument("--device", help="torch device type to measure on (default: the accelerator, else cpu)")
     parser.add_argument("--backends", nargs="+", metavar="NAME", help="only these backends (default: every one)")
     parser.add_argument("--ops", nargs="+", choices=OPS, metavar="OP", help=f"only these ops, of {', '.join(OPS)}")
+    parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), metavar="DTYPE", help="only these input dtypes")
     parser.add_argument("--output", type=Path, metavar="PATH", help="write accuracy.json here")
     parser.add_argument("--kernels", type=Path, metavar="PATH", help="add the table's calls to this kernels.json")
     parser.add_argument("--json", action="store_true", help="print accuracy.json instead of the table")
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         print(table.lines([])[0], flush=True)
     started = time.monotonic()
     with recording() as log:
-        rows = measure.measure(device, chosen, size, tuple(args.ops or OPS), args.budget_s, echo)
+        rows = measure.measure(device, chosen, size, tuple(args.ops or OPS), args.budget_s, echo, args.dtypes)
     found = AccuracyFile(
         device=device.type,
         shape=size.describe(),

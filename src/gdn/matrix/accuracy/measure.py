@@ -64,9 +64,9 @@ class Case:
         return sum(ord(c) * 31**i for i, c in enumerate(text)) % 2**31
 
 
-def cases(ops: tuple[str, ...] = OPS) -> Iterator[Case]:
+def cases(ops: tuple[str, ...] = OPS, dtypes: list[str] | None = None) -> Iterator[Case]:
     for op in ops:
-        for dtype in DTYPES:
+        for dtype in dtypes or DTYPES:
             if op in CONV_OPS:
                 yield Case(op, dtype, None, None)
                 continue
@@ -255,12 +255,13 @@ def measure(
     ops: tuple[str, ...] = OPS,
     budget_s: float | None = None,
     echo: Callable[[AccuracyRow], None] | None = None,
+    dtypes: list[str] | None = None,
 ) -> list[AccuracyRow]:
-    """Every case of `ops`, every backend serving it here; once `budget_s` is spent, the rows not yet
-    measured say so."""
+    """Every case of `ops` (in `dtypes`, default all), every backend serving it here; once `budget_s` is
+    spent, the rows not yet measured say so."""
     started = time.monotonic()
     rows = []
-    for case in cases(ops):
+    for case in cases(ops, dtypes):
         candidates = serving(backends, case.op, device.type)
         if not candidates:
             continue
