@@ -11,7 +11,11 @@ import), run side by side on the one GPU:
 - `tilelang-off`: FLA_TILELANG=0, so chunk_bwd_dqkwg runs fla's own Triton kernel, with fla's Hopper
   guard lifted in this process only (gdn.backends.fla.bypass_hopper_guard): that kernel is what the
   guard protects users from, and this script measures it, never the adapter;
-- `flash-qla-off`: FLA_FLASH_QLA=0, fla's own chunk function for bf16 calls too.
+- `flash-qla-off`: FLA_FLASH_QLA=0, fla's own chunk function for bf16 calls too;
+- `ieee`: FLA_TILELANG=0 with the guard lifted, and TRITON_F32_DEFAULT=ieee, so that every fp32 product
+  of fla's own Triton kernels that does not name its precision is an IEEE fp32 product instead of
+  Triton's default TF32 on Hopper (operands rounded to 10 mantissa bits): a failure that goes away here
+  and stays in `tilelang-off` is TF32's.
 
 Each runs `tests/test_grpo.py::test_backend_matches_eager[fla]` (in the process, without xdist, with
 gdn's kernel log on: what each call ran at every dispatch level) and then the accuracy table's chunk rows
@@ -19,7 +23,7 @@ for fla and eager (fp32 first, then bf16, within a budget) against the fp64 refe
 configuration also measures gdn's triton and flashqla backends.
 
 Usage (the H200, peers carried in .whl/peers.tar.xz, see bench/NOTES.md):
-    PYTHONPATH=src:.:tests python -m bench.fla_rediagnosis [--configs default tilelang-off flash-qla-off]
+    PYTHONPATH=src:.:tests python -m bench.fla_rediagnosis [--configs CONFIG ...] [--grpo CONFIG ...]
 Writes bench/results/fla-rediagnosis-<date>.json (and a copy under $OUT).
 """
 
@@ -42,16 +46,20 @@ CONFIGS = {
     "default": {},
     "tilelang-off": {"FLA_TILELANG": "0"},
     "flash-qla-off": {"FLA_FLASH_QLA": "0"},
+    "ieee": {"FLA_TILELANG": "0", "TRITON_F32_DEFAULT": "ieee"},
 }
-GUARD_LIFTED = ("tilelang-off",)
+GUARD_LIFTED = ("tilelang-off", "ieee")
 TEST = "tests/test_grpo.py::test_backend_matches_eager[fla]"
-ACCURACY_BUDGET_S = 240.0
+ACCURACY_BUDGET_S = 300.0
+# a row's call started just before the budget ends may take this long (a peer's first compile)
+ACCURACY_MARGIN_S = 60.0
 WORKER_TIMEOUT_S = 540.0
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def worker(config: str, out: Path) -> int:
-    """One configuration, in this process: the GRPO comparison, then the accuracy rows."""
+def worker(config: str, out: Path, grpo: bool, deadline: float) -> int:
+    """One configuration, in this process: the GRPO comparison (where asked), then the accuracy rows
+    within what is left until `deadline` (a time.time())."""
     import pytest
 
     from gdn.matrix import accuracy
@@ -67,12 +75,15 @@ def worker(config: str, out: Path) -> int:
         plugins += ["-p", "gdn.matrix.kernels_plugin", f"--gdn-kernels={out / 'kernels.json'}"]
         # in this process (no xdist workers), where the guard is lifted if this configuration lifts it
         options = ["-s", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", "--rootdir", str(ROOT)]
-        pytest.main([str(ROOT / TEST), *options, *plugins])
+        if grpo:
+            pytest.main([str(ROOT / TEST), *options, *plugins])
         backends = ["eager", "fla", *(("triton", "flashqla") if config == "default" else ())]
         for dtype in ("float32", "bfloat16"):
             rows = ["--backends", *backends, "--ops", "chunk_gated_delta_rule", "--dtypes", dtype]
             files = ["--output", str(out / f"accuracy-{dtype}.json"), "--kernels", str(out / "kernels.json")]
-            accuracy.main([*rows, "--budget-s", str(ACCURACY_BUDGET_S / 2), *files])
+            budget = min(ACCURACY_BUDGET_S / 2, deadline - time.time() - ACCURACY_MARGIN_S)
+            if budget > 0:
+                accuracy.main([*rows, "--budget-s", f"{budget:.0f}", *files])
     return 0
 
 
@@ -118,11 +129,16 @@ def summary(results: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.fla_rediagnosis", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument(
+        "--grpo", nargs="*", choices=list(CONFIGS), help="the configurations that run the GRPO test (default: all)"
+    )
     parser.add_argument("--worker", choices=list(CONFIGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.out)
+        return worker(args.worker, args.out, args.grpo is None or args.worker in args.grpo, args.deadline)
+    grpo = ["--grpo", *args.grpo] if args.grpo is not None else []
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="gdn-fla-rediagnosis-") as scratch:
         with contextlib.ExitStack() as logs:
@@ -131,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(scratch, config)
                 out.mkdir()
                 env = {k: v for k, v in os.environ.items() if not k.startswith("FLA_")} | CONFIGS[config]
-                command = [sys.executable, "-m", "bench.fla_rediagnosis", "--worker", config, "--out", str(out)]
+                command = [sys.executable, "-m", "bench.fla_rediagnosis", "--worker", config, "--out", str(out), *grpo]
+                command += ["--deadline", str(time.time() + WORKER_TIMEOUT_S)]
                 log = logs.enter_context(Path(scratch, f"{config}.log").open("w"))
                 jobs[config] = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             deadline = time.monotonic() + WORKER_TIMEOUT_S
