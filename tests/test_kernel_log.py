@@ -204,3 +204,28 @@ def test_records_round_trip_through_json():
     from gdn.matrix.kernels import entries
 
     assert entries(json.loads(json.dumps(kernel_records(counts)))) == counts
+
+
+def test_flashqlas_architecture_and_split_are_noted_per_forward_call():
+    code = """
+        import dataclasses, json, torch, gdn
+        import gdn.backends.flashqla as flashqla_backend
+        from gdn.matrix.kernels import kernel_records, recording
+
+        backend = dataclasses.replace(flashqla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+        gen = torch.Generator().manual_seed(4)
+        with recording() as log:
+            for B in (1, 2):
+                q, k = (torch.randn(B, 70, 2, 128, generator=gen).bfloat16() for _ in range(2))
+                v = torch.randn(B, 70, 4, 128, generator=gen).bfloat16()
+                g, beta = -torch.rand(B, 70, 4, generator=gen), torch.rand(B, 70, 4, generator=gen).bfloat16()
+                call = gdn.calls.PREPARE["chunk_gated_delta_rule"](q, k, v, g, beta)
+                backend.implementation("chunk_gated_delta_rule")(call)
+        print(json.dumps(kernel_records(log.mark())))
+    """
+    found = run_with_standins(code, "flashqla_site")
+    ran = {(r["level"], r["function"], r["dtype"], r["ran"], r["calls"]) for r in found}
+    assert ran == {
+        ("flash_qla", "chunk_gated_delta_rule", "bfloat16", "hopper, intra-card CP", 1),
+        ("flash_qla", "chunk_gated_delta_rule", "bfloat16", "hopper", 1),
+    }

@@ -132,7 +132,8 @@ def watching() -> Iterator[bool]:
     try:
         chunk = importlib.import_module(CHUNK_MODULE)
         decide = getattr(chunk, CP_DECISION)
-        architecture = chunk.fused_gdr_fwd.__module__.rsplit(".", 1)[-1]
+        # flash_qla.ops.gated_delta_rule.chunk.hopper.fused_fwd -> hopper
+        architecture = chunk.fused_gdr_fwd.__module__.removeprefix(f"{CHUNK_MODULE}.").split(".")[0]
     except Exception:  # not installed, or not importable on this machine
         decide = None
     if decide is None or getattr(decide, kernel_log.ORIGINAL, None) is not None:  # absent, or watched already
