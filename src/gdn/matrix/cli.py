@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_module_command(commands, "report", "build report.json / report.md / report.html from results/")
     _add_module_command(commands, "diff", "compare two report.json files; non-zero exit on a regression")
     _add_module_command(commands, "lock", "write each cell's lock file, or --check pins and locks")
+    _add_module_command(commands, "accuracy", "measure every backend's error against fp64 references (accuracy.json)")
     _add_module_command(commands, "pull", "fetch the latest matrix report from GitHub Actions (needs gh)")
     return parser
 

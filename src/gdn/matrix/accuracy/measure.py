@@ -227,6 +227,8 @@ def measure_row(
         if why is not None:
             refused.append(why)
             raise _RefusedError(why)
+        # called directly, not through the resolver: the row's own call is noted as gdn notes a call
+        kernel_log.note("gdn", case.op, call.dtype, row.route)
         return fn(call)
 
     log = kernel_log.ACTIVE
