@@ -1,0 +1,189 @@
+"""What a cell's calls really ran, as the report shows it and the diff compares it: kernels.json's steps
+(gdn's choice per op call and every dispatch inside a peer, per dtype, with the candidates passed over),
+the kernels beside each failing test, and what each backend comparison compared.
+
+A comparison test records which ops the compared backend served and which fell back to another (the
+`gdn_comparison` property, in tests.jsonl): its verdict holds for the served ops only, so the report and
+the diff say "fla compared on 2 of 4 ops" beside it. A comparison that compares fewer ops than before is a
+regression of the diff, as is a test that newly fails.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gdn.matrix.markdown import md_cell, md_table
+from gdn.matrix.outcomes import FinishedTest
+from gdn.matrix.schema import KernelCount, KernelsFile
+
+STEPS = ("tests", "accuracy", "bench")
+
+
+def _key(k: dict[str, Any]) -> tuple[str, str, str]:
+    return (k["level"], k["function"], k["dtype"])
+
+
+def kernel_line(k: dict[str, Any]) -> str:
+    """ "fla common.chunk_bwd_dqkwg float32 -> tilelang (x3; passed over: flash_qla: why)"."""
+    notes = [f"x{k['calls']}"]
+    if k.get("during"):
+        notes.append(f"during {k['during']}")
+    passed = "; ".join(f"{p['backend']}: {p['reason']}" for p in k.get("passed_over") or [])
+    if passed:
+        notes.append(f"passed over {passed}")
+    return f"{k['level']} {k['function']} {k['dtype']} -> {k['ran']} ({', '.join(notes)})"
+
+
+def cell_kernels(found: KernelsFile | None) -> dict[str, list[dict[str, Any]]]:
+    """The report's `kernels` of a cell: per step, its KernelCount records as dicts."""
+    if found is None:
+        return {}
+    return {step: [_record(k) for k in found.steps[step]] for step in sorted(found.steps, key=_step_order)}
+
+
+def _step_order(step: str) -> tuple[int, str]:
+    return (STEPS.index(step) if step in STEPS else len(STEPS), step)
+
+
+def _record(k: KernelCount) -> dict[str, Any]:
+    return {
+        "level": k.level,
+        "function": k.function,
+        "dtype": k.dtype,
+        "ran": k.ran,
+        "calls": k.calls,
+        "passed_over": [{"backend": p.backend, "reason": p.reason} for p in k.passed_over],
+        "during": k.during,
+    }
+
+
+def comparisons(finished: list[FinishedTest]) -> list[dict[str, Any]]:
+    """The tests that compared a backend with another, with what they compared and their outcome."""
+    found = []
+    for test in finished:
+        if test.comparison is None:
+            continue
+        compared = test.comparison.get("compared") or {}
+        fell_back = test.comparison.get("fell_back") or {}
+        found.append(
+            {
+                "test": test.nodeid,
+                "outcome": test.outcome,
+                "mode": test.comparison.get("mode"),
+                "compared": dict(compared),
+                "fell_back": dict(fell_back),
+            }
+        )
+    return found
+
+
+def comparison_text(c: dict[str, Any]) -> str:
+    """ "fla compared on 2 of 4 ops; causal_conv1d_fn fell back to eager: does not implement it"."""
+    total = len(c["compared"]) + len(c["fell_back"])
+    text = f"{c['mode']} compared on {len(c['compared'])} of {total} ops"
+    if c["compared"]:
+        text += f" ({', '.join(c['compared'])})"
+    if c["fell_back"]:
+        text += "; fell back: " + "; ".join(f"{op} to {why}" for op, why in c["fell_back"].items())
+    return text
+
+
+# ---------------------------------------------------------------- report.md
+
+
+def markdown(cells: list[dict[str, Any]]) -> list[str]:
+    """The comparisons and the peers' own dispatch of every cell (gdn's own choice per op is the
+    resolution table; per dtype it is in report.json)."""
+    lines: list[str] = []
+    compared = [
+        [cell["name"], md_cell(c["test"]), c["outcome"], md_cell(comparison_text(c))]
+        for cell in cells
+        for c in cell.get("comparisons") or []
+    ]
+    if compared:
+        lines += ["## Comparisons", "", "A comparison's verdict holds for the ops it compared.", ""]
+        lines += [*md_table(["cell", "test", "outcome", "what it compared"], compared), ""]
+    ran = []
+    for cell in cells:
+        for step, records in (cell.get("kernels") or {}).items():
+            ran += [
+                [cell["name"], step, k["level"], k["function"], k["dtype"], k["ran"], str(k["calls"])]
+                for k in records
+                if k["level"] != "gdn" and not k.get("during")
+            ]
+    if ran:
+        lines += ["## What the peers ran", "", "Each dispatch a peer made inside itself, per function and dtype.", ""]
+        lines += [*md_table(["cell", "step", "peer", "function", "dtype", "ran", "calls"], ran), ""]
+    return lines
+
+
+# ---------------------------------------------------------------- diff
+
+
+@dataclass
+class KernelCallChange:
+    """What one (level, function, dtype) ran in a step of a cell before and after."""
+
+    cell: str
+    step: str
+    level: str
+    function: str
+    dtype: str
+    old: list[str]
+    new: list[str]
+
+    def text(self) -> str:
+        old, new = ", ".join(self.old) or "not called", ", ".join(self.new) or "not called"
+        return f"{self.cell} ({self.step}): {self.level} {self.function} {self.dtype}: {old} → {new}"
+
+
+@dataclass
+class ComparisonLoss:
+    """A comparison that compares fewer ops than before."""
+
+    cell: str
+    test: str
+    lost: list[str]
+    why: dict[str, str]
+
+    def text(self) -> str:
+        reasons = "; ".join(f"{op}: {self.why.get(op, 'not recorded')}" for op in self.lost)
+        return f"{self.cell}: `{self.test}` no longer compares {', '.join(self.lost)} ({reasons})"
+
+
+def _ran(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[str]]:
+    """What each (level, function, dtype) ran in a step, outside gdn's numeric probes."""
+    found: dict[tuple[str, str, str], list[str]] = {}
+    for k in records:
+        if k.get("during"):
+            continue
+        names = found.setdefault(_key(k), [])
+        if k["ran"] not in names:
+            names.append(k["ran"])
+    return {key: sorted(names) for key, names in found.items()}
+
+
+def kernel_call_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[KernelCallChange]:
+    """Per step both reports ran, each (level, function, dtype) whose kernels changed."""
+    changes = []
+    old_steps, new_steps = old.get("kernels") or {}, new.get("kernels") or {}
+    for step in [s for s in new_steps if s in old_steps]:
+        before, after = _ran(old_steps[step]), _ran(new_steps[step])
+        for key in sorted(set(before) | set(after)):
+            if before.get(key, []) != after.get(key, []):
+                changes.append(KernelCallChange(name, step, *key, before.get(key, []), after.get(key, [])))
+    return changes
+
+
+def comparison_losses(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[ComparisonLoss]:
+    before = {c["test"]: c for c in old.get("comparisons") or []}
+    losses = []
+    for c in new.get("comparisons") or []:
+        previous = before.get(c["test"])
+        if previous is None:
+            continue
+        lost = sorted(set(previous["compared"]) - set(c["compared"]))
+        if lost:
+            losses.append(ComparisonLoss(name, c["test"], lost, c["fell_back"]))
+    return losses
