@@ -19,6 +19,9 @@ pytestmark = pytest.mark.tooling
 CHUNK = "chunk_gated_delta_rule"
 BIG = {"B": 4, "T": 4096, "H": 16, "HV": 32, "K": 128, "V": 128}
 GROUP = "chunk_gated_delta_rule fwd+bwd (B=4 T=4096 H=16 HV=32 K=V=128)"
+# fla's kernel lines of the two stacks: its own Triton path, and its chunk op handed to FlashQLA
+OWN = "bfloat16: chunk -> triton, chunk_bwd_dqkwg -> triton"
+QLA = "bfloat16: chunk -> flash_qla"
 
 
 def row(backend: str, ms: float | None, *, impl: str | None = None, reason: str | None = None, fastest: float = 1.0):
@@ -38,11 +41,12 @@ def row(backend: str, ms: float | None, *, impl: str | None = None, reason: str 
 
 
 def fla(chunk: str) -> dict[str, Any]:
+    dqkwg = "triton" if chunk == "triton" else None  # fla's own chunk function dispatches its dqkwg
+    choices = {"chunk": chunk, "chunk_bwd_dqkwg": dqkwg, "hopper_guard_blocks": False, "error": None}
     return {
         "version": "0.6.0",
         "import_error": None,
-        "chunk": chunk,
-        "hopper_guard_blocks": False,
+        "calls": {"bfloat16": choices},
         "peer_packages": {"flash-qla": "0.1.3"} if chunk == "flash_qla" else {},
         "stand_in": None,
     }
@@ -109,7 +113,7 @@ def test_report_shows_speed_and_peer_kernels_in_md_and_html():
     rendered = report(cell(NEW_BENCH, "flash_qla"))
     markdown = render_markdown(rendered)
     assert "## Speed" in markdown and "## Peer kernels" in markdown
-    assert "| cuda-h200 | fla 0.6.0 | chunk -> flash_qla | flash-qla 0.1.3 |" in markdown
+    assert f"| cuda-h200 | fla 0.6.0 | {QLA} | flash-qla 0.1.3 |" in markdown
     html = render_html(rendered)
     assert '<table class="speed">' in html
     assert '<tr class="fastest"><td>chunk_gated_delta_rule</td>' in html
@@ -127,14 +131,11 @@ def test_kernel_change_without_slowdown_is_reported_and_not_a_regression(tmp_pat
     diff = diff_mod.diff_reports(old, new)
     assert diff.regressions == []
     [change] = diff.kernel_changes
-    assert (change.peer, change.old, change.new, change.with_) == ("fla", "chunk -> triton", "chunk -> flash_qla", [])
+    assert (change.peer, change.old, change.new, change.with_) == ("fla", OWN, QLA, [])
     speed_change = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd: 4.24 → 1.91 ms (-55%)"
     assert change.speed == [speed_change]
     markdown = diff.to_markdown()
-    assert (
-        f"| cuda-h200 | fla | chunk -> triton | chunk -> flash_qla | {speed_change} | no slowdown, no resolution loss |"
-        in markdown
-    )
+    assert f"| cuda-h200 | fla | {OWN} | {QLA} | {speed_change} | no slowdown, no resolution loss |" in markdown
     assert f"- cuda-h200: fastest at {GROUP}: triton -> flashqla" in markdown
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     write_json(old_path, old)
@@ -150,7 +151,7 @@ def test_kernel_change_with_a_slowdown_is_a_regression():
     label = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd"
     assert diff.regressions == [
         f"cuda-h200: {label} slowed 18% (4.24 ms → 5 ms)",
-        f"cuda-h200: fla's kernel changed (chunk -> flash_qla → chunk -> triton) with {label} slowed 18%",
+        f"cuda-h200: fla's kernel changed ({QLA} → {OWN}) with {label} slowed 18%",
     ]
 
 
@@ -180,15 +181,15 @@ def test_pair_compares_two_differently_named_cells(tmp_path, capsys):
     [change] = paired.kernel_changes
     assert (change.cell, change.old, change.new) == (
         "cuda-triton36 → cuda-flashqla",
-        "chunk -> triton",
-        "chunk -> flash_qla",
+        OWN,
+        QLA,
     )
     assert paired.regressions == [] and paired.cells_removed == paired.cells_added == []
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     write_json(old_path, old)
     write_json(new_path, new)
     assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-flashqla"]) == 0
-    assert "| cuda-triton36 → cuda-flashqla | fla | chunk -> triton | chunk -> flash_qla |" in capsys.readouterr().out
+    assert f"| cuda-triton36 → cuda-flashqla | fla | {OWN} | {QLA} |" in capsys.readouterr().out
     assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-triton39"]) == 2
     assert "the new report has no cell 'cuda-triton39'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from gdn.backends.base import describe_error
+from gdn.backends.fla_choices import fla_kernel, kernel_text
 
 SCHEMA = 1
 
@@ -535,8 +536,6 @@ def _ascendc_text(s: Section) -> str:
 
 def fla_kernel_text(s: Section) -> str | None:
     """The kernels fla runs per dtype and whether the Hopper guard stops a backward, in one line."""
-    from gdn.matrix.peers import fla_kernel, kernel_text
-
     if not isinstance(s.get("dispatch"), dict):
         return None
     return kernel_text(fla_kernel({"fla": s}))

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gdn.matrix import peers, schema, speed
+from gdn.backends import fla_choices
+from gdn.matrix import schema, speed
 from gdn.matrix.markdown import md_cell, md_table
 from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.schema import shape_text
@@ -351,7 +352,7 @@ def _kernel_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list
     after = (new.get("peer_kernels") or {}).get("fla")
     if before is None and after is None:
         return []
-    old_text, new_text = peers.kernel_text(before), peers.kernel_text(after)
+    old_text, new_text = fla_choices.kernel_text(before), fla_choices.kernel_text(after)
     if old_text == new_text:
         return []
     timed_before, timed_after = _bench_index(old, "fla"), _bench_index(new, "fla")

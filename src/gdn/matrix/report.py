@@ -21,6 +21,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gdn.backends import fla_choices
 from gdn.matrix import devices, peers, schema, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.jsonio import atomic_write
@@ -218,7 +219,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
         "families": family_counts(results.tests),
         "failures": failures(results.tests),
         "bench": bench,
-        "peer_kernels": {"fla": peers.fla_kernel(results.manifest)},
+        "peer_kernels": {"fla": fla_choices.fla_kernel(results.manifest)},
     }
     entry["expectations"] = expectations(cell, entry)
     entry["problems"] = problems
