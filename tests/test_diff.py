@@ -64,7 +64,10 @@ def _junit(failing: bool) -> str:
 def _results(root: Path, *, route: str, failing: bool, fla_npu: str, rejected=None) -> Path:
     directory = root / "npu-2610"
     status = "failed" if failing else "passed"
-    CellOutcome(cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True).write(directory)
+    outcome = CellOutcome(
+        cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True, exit_code=int(failing)
+    )
+    outcome.write(directory)
     write_json(directory / "resolution.json", [_record(route, rejected)])
     write_json(directory / "manifest.json", {"fla_npu": {"distribution": {"name": "fla-npu", "version": fla_npu}}})
     (directory / "junit.xml").write_text(_junit(failing))

@@ -36,11 +36,32 @@ RECORD = {"op": "l2norm", "device": "cpu", "backend": "eager", "route": "eager",
 # ---------------------------------------------------------------- results files that do not validate
 
 
+OUTCOME_XML = {
+    "passed": "",
+    "failed": '<failure message="AssertionError: boom">trace</failure>',
+    "error": '<error message="fixture broke">trace</error>',
+    "skipped": '<skipped message="no npu"/>',
+}
+
+
+def _junit(*outcomes: str) -> str:
+    """A pytest junit.xml with one probe test per outcome."""
+    cases = "".join(
+        f'<testcase classname="tests.test_x" name="test_{i}" time="0.01"><properties>'
+        f'<property name="family" value="probe"/></properties>{OUTCOME_XML[outcome]}</testcase>'
+        for i, outcome in enumerate(outcomes)
+    )
+    return (
+        f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>'
+    )
+
+
 def _cell_dir(root: Path, name: str, status: str = "passed", **fields: Any) -> Path:
     directory = root / name
     CellOutcome(cell=name, status=status, device="cpu", runtime="host", exit_code=0).write(directory)
     write_json(directory / "resolution.json", [RECORD])
     write_json(directory / "manifest.json", {"python": {"version": "3.12.3"}, "resolution": [RECORD]})
+    (directory / "junit.xml").write_text(_junit("passed" if status == "passed" else "failed"))
     if fields:
         data = json.loads((directory / "cell.json").read_text())
         write_json(directory / "cell.json", {**data, **fields})
@@ -94,6 +115,110 @@ def test_manifest_that_is_a_list_is_not_a_pass(tmp_path):
     cell = _report_of(root, tmp_path)["a"]
     assert cell["status"] == "error"
     assert cell["reason"].startswith("invalid results: manifest.json: (top level): Input should be")
+
+
+FAILED_LINE = {"nodeid": "tests/test_x.py::test_0", "outcome": "failed", "family": "probe", "message": "boom"}
+
+
+@pytest.mark.parametrize(
+    ("claimed", "files", "fields", "status", "reason"),
+    [
+        ("passed", {"junit.xml": _junit("passed", "failed")}, {}, "failed",
+         "cell.json says passed but junit.xml has 1 failed test"),
+        ("passed", {"junit.xml": _junit("error", "error")}, {}, "failed",
+         "cell.json says passed but junit.xml has 2 tests in error"),
+        ("passed", {"junit.xml": _junit()}, {}, "error", "cell.json says passed but junit.xml holds no test"),
+        ("passed", {"junit.xml": None}, {}, "error", "cell.json says passed but junit.xml is missing"),
+        ("passed", {}, {"exit_code": 1}, "failed", "cell.json says passed but its exit code is 1"),
+        ("passed", {}, {"exit_code": None}, "error", "cell.json says passed but its exit code is None"),
+        ("passed", {}, {"duration_s": float("nan")}, "error",
+         "invalid results: cell.json: duration_s: NaN is not a finite number"),
+        ("passed", {"tests.jsonl": json.dumps(FAILED_LINE) + "\n"}, {}, "failed",
+         "cell.json says passed but tests.jsonl has 1 failed test"),
+        ("failed", {"junit.xml": None}, {"exit_code": 1}, "error", "cell.json says failed but junit.xml is missing"),
+        ("failed", {"junit.xml": _junit("passed", "failed")}, {"exit_code": 1}, "failed", None),
+    ],
+    ids=["failed-test", "errored-tests", "empty-junit", "no-junit", "exit-code", "no-exit-code", "nan-duration",
+         "jsonl-failure", "failed-without-junit", "failed-as-said"],
+)  # fmt: skip
+def test_a_cells_status_is_the_worst_its_files_show(tmp_path, claimed, files, fields, status, reason):
+    """cell.json is one file's claim: the tests, the exit code and the numbers it records must agree."""
+    root = tmp_path / "results"
+    directory = _cell_dir(root, "a", status=claimed, **fields)
+    for name, content in files.items():
+        if content is None:
+            (directory / name).unlink()
+        else:
+            (directory / name).write_text(content)
+    cell = _report_of(root, tmp_path)["a"]
+    verdicts = {"passed": "PASSED", "failed": "FAILED", "error": "CRASHED"}
+    assert (cell["status"], cell["reason"], cell["verdict"]) == (status, reason, verdicts[status])
+    # report.json is strict JSON whatever the cell held
+    json.loads((tmp_path / "out" / "report.json").read_text(), parse_constant=pytest.fail)
+
+
+def _limited_report(results: Path, out: Path) -> subprocess.CompletedProcess:
+    """`gdn-matrix report` under a 2 GiB address-space limit and a minute: a read without bound fails."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    command = [sys.executable, "-m", "gdn.matrix.cli", "report", "--results", str(results), "--output", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    try:
+        return subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("gdn-matrix report did not finish in a minute")
+
+
+def test_results_files_are_read_within_bounds_and_only_when_regular(tmp_path):
+    """A bench.json that is a symlink to /dev/zero made the report read without end (MemoryError under
+    a 4 GB limit); a FIFO would block it; a file of any size was read whole."""
+    from gdn.matrix import jsonio
+
+    root = tmp_path / "results"
+    (_cell_dir(root, "a-zero") / "bench.json").symlink_to("/dev/zero")
+    fifo = _cell_dir(root, "b-fifo") / "junit.xml"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    (_cell_dir(root, "c-big") / "junit.xml").write_bytes(b" " * (jsonio.RESULTS_FILE_MAX_BYTES + 1))
+    (_cell_dir(root, "d-link") / "cell.json").unlink()
+    (root / "d-link" / "cell.json").symlink_to(root / "e-good" / "cell.json")
+    _cell_dir(root, "e-good")
+    done = _limited_report(root, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    cells = {c["name"]: c for c in json.loads((tmp_path / "out" / "report.json").read_text())["cells"]}
+    assert cells["a-zero"]["status"] == "error"
+    assert cells["a-zero"]["reason"] == "invalid results: bench.json is a symlink, not a regular file"
+    assert cells["b-fifo"]["status"] == "error"
+    assert "junit.xml is not a regular file" in cells["b-fifo"]["reason"]
+    assert cells["c-big"]["status"] == "error"
+    assert f"junit.xml is larger than the {jsonio.RESULTS_FILE_MAX_BYTES} bytes" in cells["c-big"]["reason"]
+    assert cells["d-link"]["reason"] == "invalid results: cell.json is a symlink, not a regular file"
+    assert cells["e-good"]["status"] == "passed"
+
+
+def test_report_md_stays_under_a_job_summary_however_many_cells_and_failures(tmp_path):
+    """The workflow appends report.md to the job summary, which GitHub caps at 1 MiB: one failing cell
+    with a 2 MB log line made report.md 2 MB."""
+    root = tmp_path / "results"
+    _cell_dir(root, "a", status="failed", exit_code=1, log_tail="x" * 2_000_000, reason="y" * 100_000)
+    _report_of(root, tmp_path)
+    md = (tmp_path / "out" / "report.md").read_bytes()
+    assert len(md) < 20_000
+    built = report.build_report(root)
+    [entry] = built["cells"]
+    failures = [
+        {"test": f"t::test_{i}", "outcome": "failed", "family": "probe", "message": "m" * 5000} for i in range(500)
+    ]
+    heavy = {**entry, "failures": failures, "problems": ["p" * 5000] * 300}
+    md = report.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3)]})
+    assert len(md.encode()) < 200_000
+    assert "- … and 480 more (see report.json)" in md and "- **cell-2**: … and 280 more (see report.json)" in md
+    md = report.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3000)]})
+    assert len(md.encode()) < 1 << 20
+    assert md.rstrip().endswith("is in report.json and report.html.")
 
 
 def test_report_of_a_results_directory_that_does_not_exist_is_an_error(tmp_path, capsys):
@@ -196,7 +321,7 @@ FAKE_ENTRY = textwrap.dedent(
         subprocess.Popen([sys.executable, "-c",
             f"import time; time.sleep({late_s}); open({late_file!r}, 'w').write('late')"])
     time.sleep(float(sleep_s))
-    open(out + "/junit.xml", "w").write("<testsuites/>")
+    open(out + "/junit.xml", "w").write('<testsuite><testcase classname="t" name="ok"/></testsuite>')
     with open(log, "a") as f:
         f.write(f"end {time.time()} {out}\\n")
     """

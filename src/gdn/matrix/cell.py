@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import json
 import os
 import shutil
 import signal
@@ -37,9 +36,9 @@ from filelock import FileLock, Timeout
 
 from gdn.matrix import devices, outcomes
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
-from gdn.matrix.jsonio import write_json
+from gdn.matrix.jsonio import UnreadableFileError, read_json, write_json
 from gdn.matrix.lock import lock_summary
-from gdn.matrix.results import INTERRUPTED
+from gdn.matrix.results import INTERRUPTED, status_of
 from gdn.matrix.schema import CellLock, CellOutcome, InterruptedRun, PinDifference
 from gdn.matrix.versions import pin_differences
 
@@ -142,10 +141,6 @@ def entry_command(cell: Cell, out: Path, source: Path, python: str = "python") -
     return command + (["--bench"] if cell.bench else [])
 
 
-def status_of(exit_code: int | None) -> str:
-    return {0: "passed", 1: "failed"}.get(exit_code, "error")
-
-
 def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | None, bool]:
     """The same entry as in a container, in this Python environment; returns (exit code, timed out).
     The checkout's source comes first on the path, as in a container: the interpreter (nox's own, for
@@ -224,8 +219,8 @@ def _run_docker(matrix: Matrix, cell: Cell, root: Path, out: Path, log: CellLog,
 
 def _manifest(path: Path) -> dict | None:
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
+        manifest = read_json(path)
+    except UnreadableFileError:  # absent, not a regular file, too large, not strict JSON
         return None
     return manifest if isinstance(manifest, dict) else None
 

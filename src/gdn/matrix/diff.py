@@ -24,6 +24,7 @@ from typing import Any
 from gdn.matrix import peers, schema, speed
 from gdn.matrix.markdown import md_cell, md_table
 from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
+from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import shape_text
 
 DEFAULT_THRESHOLD = 0.10
@@ -34,16 +35,6 @@ EXIT_CODES = f"""exit status:
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
      schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold, a --pair cell that
      is not there"""
-# worse is higher; not_run is worst because nothing about the cell is known any more
-STATUS_RANK = {
-    "passed": 0,
-    "failed": 1,
-    "error": 2,
-    "timeout": 2,
-    "build_failed": 3,
-    "not_run": 4,
-    "interrupted": 4,
-}
 
 
 class ReportError(ValueError):

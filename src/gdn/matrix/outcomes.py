@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, parse_json, read_capped
+
 if TYPE_CHECKING:  # the runner and the report read the file back without pytest
     import pytest
 
@@ -86,11 +88,16 @@ class OutcomeWriter:
 
 def read_finished(path: Path) -> list[FinishedTest]:
     """The tests a run finished, in the order they finished; a line that is not a finished test (the
-    last one, cut short by the end of the run) is left out."""
+    last one, cut short by the end of the run) is left out. Read within the results files' cap, and
+    only as a regular file (OSError, or UnreadableFileError, where it is not one)."""
+    try:
+        data = read_capped(path, RESULTS_FILE_MAX_BYTES)
+    except FileNotFoundError:
+        return []
     tests = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
-            test = FinishedTest(**json.loads(line))
+            test = FinishedTest(**parse_json(line, path.name))
         except (ValueError, TypeError):
             continue
         if test.outcome in OUTCOMES:
