@@ -249,7 +249,7 @@ def test_no_fail_and_output_file(tmp_path, capsys):
     ("content", "message"),
     [
         (None, "cannot read report {path}: [Errno 2]"),
-        ("{not json", "cannot read report {path}: Expecting property name"),
+        ("{not json", "{path} is not JSON: Expecting property name"),
         ('{"schema": 1}', "{path}: generated_at: Field required (and 2 more)"),
         ('{"schema": 7, "cells": []}', "{path} has report schema 7; this gdn-matrix reads schema 1"),
         (

@@ -306,6 +306,63 @@ def test_diff_refuses_a_report_naming_a_cell_twice(tmp_path):
     assert "names these cells more than once: a" in done.stderr
 
 
+SPEED_ROW = {"op": "l2norm", "backend": "eager", "shape": {"T": 8}, "pass": "fwd", "ms": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("ms", "said"),
+    [
+        (float("nan"), "cells[0].bench[0].ms: NaN is not a finite number"),
+        (float("inf"), "cells[0].bench[0].ms: Infinity is not a finite number"),
+        (0, "cells[0].bench[0].ms: 0 is not a time (a finite number of ms > 0, or null)"),
+        (-5, "cells[0].bench[0].ms: -5 is not a time (a finite number of ms > 0, or null)"),
+        ("fast", "cells[0].bench[0].ms: 'fast' is not a time (a finite number of ms > 0, or null)"),
+        (True, "cells[0].bench[0].ms: True is not a time (a finite number of ms > 0, or null)"),
+    ],
+    ids=["nan", "inf", "zero", "negative", "text", "bool"],
+)
+def test_diff_refuses_a_timing_it_cannot_read(tmp_path, ms, said):
+    """Each of these gave exit 0, "No regressions.": the row was left out of the comparison."""
+    done = _diff(tmp_path, [_entry("a", bench=[SPEED_ROW])], [_entry("a", bench=[{**SPEED_ROW, "ms": ms}])])
+    assert done.returncode == 2, done.stdout
+    assert f"new.json: {said}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_diff_reads_untimed_and_legacy_rows_as_before(tmp_path):
+    legacy = {"op": "l2norm", "impl": "eager", "shape": [8], "ms": "n/a"}
+    old = [_entry("a", bench=[SPEED_ROW, legacy])]
+    done = _diff(tmp_path, old, [_entry("a", bench=[{**SPEED_ROW, "ms": None, "reason": "budget spent"}, legacy])])
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_diff_refuses_nesting_past_its_limit(tmp_path, depth):
+    """100,000 levels gave a RecursionError traceback and exit 1, the code of a regression."""
+    done = _diff(tmp_path, [_entry("a")], [_entry("a")])
+    new = tmp_path / "new.json"
+    new.write_text(new.read_text().replace('"failures": []', '"failures": [], "x": ' + "[" * depth + "]" * depth))
+    done = subprocess.run(
+        done.args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}
+    )
+    assert done.returncode == 2
+    assert "new.json" in done.stderr and "nested deeper than 64 levels" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_diff_refuses_an_output_it_cannot_write(tmp_path):
+    """--output naming a directory gave a traceback and exit 1."""
+    (tmp_path / "taken").mkdir()
+    done = _diff(tmp_path, [_entry("a")], [_entry("a")], "--output", str(tmp_path / "taken"))
+    assert done.returncode == 2
+    assert f"cannot write --output {tmp_path / 'taken'}: " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_resolution_that_vanished_from_a_cell_still_passing_is_a_regression(tmp_path):
+    done = _diff(tmp_path, [_entry("a")], [_entry("a", resolution={})])
+    assert done.returncode == 1, done.stdout
+    assert "- a: l2norm on cpu moved from eager to not resolved\n" in done.stdout
+
+
 # ---------------------------------------------------------------- runs: concurrent, interrupted, timed out
 
 MATRIX = {"schema": 1, "cells": [{"name": "c", "device": "cpu", "runtime": "host", "families": ["probe"]}]}
