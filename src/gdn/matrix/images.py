@@ -25,7 +25,8 @@ from typing import Any
 
 from gdn.matrix import devices
 from gdn.matrix.config import Cell
-from gdn.matrix.lock import LockError, read_lock
+from gdn.matrix.lock import LockError, platform_of, read_lock
+from gdn.matrix.lockfile import LockFileError
 
 TAG_REPOSITORY = "gdn-matrix"
 # The image's whole content hash; the tag holds only its first 12 digits, and any image may be tagged
@@ -282,15 +283,26 @@ def _summary(error: str) -> str:
     return match.group(0) if match else error.strip()
 
 
-def _unrecorded_wheels(cell: Cell, files: dict[str, Path]) -> str | None:
-    """Why the image cannot be built from its lock, when a wheelhouse file's hash was not recorded:
-    an image installs nothing it cannot verify."""
+def _lock_refusal(cell: Cell, files: dict[str, Path]) -> str | None:
+    """Why the image cannot be built from its lock: a lock that is not whole and untouched (any line
+    that is not the format's: a pip option line could send pip to another index), one made for
+    another cell, platform or Python, or one that records no hash for a wheelhouse file (an image
+    installs nothing it cannot verify). Checked before docker is asked anything."""
     if "lock" not in files:
         return None
     try:
-        unrecorded = read_lock(files["lock"]).unrecorded
+        lock = read_lock(files["lock"])
     except LockError as exc:
         return f"cell {cell.name}: {exc}"
+    except LockFileError as exc:
+        return f"cell {cell.name}: {files['lock']} is not a whole gdn-matrix lock: {exc}"
+    made_for = (lock.cell, lock.platform, lock.python)
+    if made_for != (cell.name, platform_of(cell), cell.versions.python):
+        return (
+            f"cell {cell.name}: {files['lock']} was made for cell {lock.cell}, {lock.platform}, Python {lock.python}; "
+            f"refresh it with `gdn-matrix lock {cell.name}`"
+        )
+    unrecorded = lock.unrecorded
     if not unrecorded:
         return None
     names = ", ".join(f.file for f in unrecorded)
@@ -307,9 +319,9 @@ def build_image(
     import docker
     import requests
 
-    unverifiable = _unrecorded_wheels(cell, files)
-    if unverifiable:
-        raise ImageBuildError(unverifiable, "")
+    refusal = _lock_refusal(cell, files)
+    if refusal:
+        raise ImageBuildError(refusal, "")
     extras = context_files(root)
     content = content_hash(cell, files, extras, base_image_id(client, cell, log))
     tag = image_tag(cell, content)
