@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from gdn.matrix import cell as cell_mod
-from gdn.matrix import cli, report
+from gdn.matrix import cli, report, runs
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
@@ -400,7 +400,7 @@ def _good_result(monkeypatch, tmp_path: Path, results: Path) -> bytes:
 
 
 def _leftovers(results: Path) -> list[Path]:
-    return [p for p in results.glob(".*/**/*") if ".locks" not in p.parts] + list(results.glob(".old-*"))
+    return [p for p in results.glob(".*/**/*") if ".guards" not in p.parts] + list(results.glob(".old-*"))
 
 
 def test_two_runs_of_one_cell_take_turns_and_strand_nothing(tmp_path, monkeypatch):
@@ -504,8 +504,8 @@ def test_a_run_told_not_to_wait_refuses_while_another_holds_the_cell(tmp_path, m
     monkeypatch.setattr(cell_mod, "entry_command", _fake_entry(tmp_path / "runs.log", 0))
     matrix = parse_matrix(MATRIX)
     results = tmp_path / "results"
-    (results / ".locks").mkdir(parents=True)
-    with FileLock(results / ".locks" / "c.lock"), pytest.raises(cell_mod.CellBusyError, match="still holds"):
+    (results / ".guards").mkdir(parents=True)
+    with FileLock(results / ".guards" / "c.guard"), pytest.raises(runs.CellBusyError, match="still holds"):
         cell_mod.run_cell(matrix, matrix.cells[0], tmp_path, results, echo=lambda line: None, wait_s=0)
     assert not (results / "c").exists() and not (tmp_path / "runs.log").exists()
 
@@ -522,3 +522,38 @@ def test_a_cell_whose_only_run_was_interrupted_is_reported_as_such(tmp_path):
     write_json(root / "c" / "interrupted.json", record)
     cell = _report_of(root, tmp_path)["c"]
     assert (cell["status"], cell["verdict"], cell["reason"]) == ("interrupted", "MISSING", record["reason"])
+
+
+def _dead_run(results: Path) -> Path:
+    """What a runner killed outright leaves: its marker and its staging directory."""
+    staging = results / ".staging" / "c" / "run-dead"
+    staging.mkdir(parents=True)
+    (staging / "log.txt").write_text("collected 2 items\n")
+    (staging / "tests.jsonl").write_text(json.dumps(FAILED_LINE) + "\n")
+    marker = {"pid": 999999, "host": "h", "started_at": "2026-01-01T00:00:00+00:00", "staging": "run-dead"}
+    write_json(staging.parent / "runner.json", marker)
+    return staging
+
+
+def test_a_dead_runs_marker_is_recorded_by_the_report_or_the_next_run_never_while_a_run_is_live(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    results = tmp_path / "results"
+    good = _good_result(monkeypatch, tmp_path, results)
+    staging = _dead_run(results)
+    with FileLock(results / ".guards" / "c.guard"):  # a live run of the cell: its marker is its own
+        assert report.build_report(results)["cells"][0]["interrupted"] is None
+        assert (staging.parent / "runner.json").exists() and staging.exists()
+    [entry] = report.build_report(results)["cells"]
+    record = entry["interrupted"]
+    assert (entry["status"], record["signal"], record["runner_died"]) == ("passed", "unknown", True)
+    assert record["reason"].startswith("the runner (pid 999999 on h) died without recording its end")
+    assert (record["log_tail"], record["tests_failed"]) == ("collected 2 items", ["tests/test_x.py::test_0: boom"])
+    assert (results / "c" / "cell.json").read_bytes() == good
+    assert not (results / ".staging" / "c").exists() or not any((results / ".staging" / "c").iterdir())
+
+    _dead_run(results)
+    said: list[str] = []
+    matrix = parse_matrix(MATRIX)
+    assert cell_mod.run_cell(matrix, matrix.cells[0], tmp_path, results, echo=said.append).status == "passed"
+    assert any(line.startswith("cell c: previous run: the runner (pid 999999 on h) died") for line in said), said

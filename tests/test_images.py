@@ -301,10 +301,15 @@ class FakeClient:
     def __init__(self, api: FakeAPI | None = None, container: Any = None) -> None:
         self.api, self.container, self.created = api, container, {}
         self.containers = self
+        self.left_over: list[Any] = []
 
     def create(self, image: str, command: list[str], **kwargs: Any) -> Any:
         self.created = {"image": image, "command": command, **kwargs}
         return self.container
+
+    def list(self, all: bool, filters: dict[str, str]) -> list[Any]:
+        self.listed = filters
+        return self.left_over
 
 
 def test_build_streams_lines_from_a_context_of_only_the_cell_inputs(inputs, tmp_path: Path, monkeypatch) -> None:
@@ -436,9 +441,20 @@ class FakeContainer:
     def __init__(self, lines: list[bytes], code: int | None) -> None:
         self.lines, self.code = lines, code
         self.killed, self.removed = threading.Event(), False
+        self.name, self.events = "fake", []
+
+    def attach_socket(self, params: dict[str, int]) -> Any:
+        self.events.append(("attach", params))
+        container = self
+
+        class Socket:
+            def close(self) -> None:
+                container.events.append(("detach", None))
+
+        return Socket()
 
     def start(self) -> None:
-        pass
+        self.events.append(("start", None))
 
     def logs(self, stream: bool, follow: bool):
         yield from self.lines
@@ -474,6 +490,25 @@ def test_run_mounts_source_read_only_and_results_writable(tmp_path: Path) -> Non
     assert (out.stat().st_mode & 0o7777, out.stat().st_gid) == (images.RESULTS_MODE, images.results_gid())
     assert client.created["cap_drop"] == ["ALL"] and client.created["security_opt"] == ["no-new-privileges"]
     assert container.removed
+
+
+def test_a_container_ends_with_its_runner_and_the_next_run_removes_one_left(tmp_path: Path) -> None:
+    """A container outlives the client that started it: its stdin is the runner's attachment, which the
+    engine closes when the runner dies (the entry then ends its processes), and a container a dead
+    runner left is removed by the next run of the cell."""
+    left = FakeContainer([], code=0)
+    container = FakeContainer([b"ok\n"], code=0)
+    client = FakeClient(container=container)
+    client.left_over = [left]
+    out = tmp_path / "results" / ".staging" / "c" / "run-1"
+    lines: list[str] = []
+    images.run_container(client, make_cell(), "t:1", root=tmp_path, out_dir=out, command=["python"], log=lines.append)
+    run_of = str(out.parent.resolve())
+    assert client.listed == {"label": f"{images.RUN_LABEL}={run_of}"} and left.removed
+    assert lines[0] == "[gdn-matrix: removing fake, left by a run of this cell whose runner died]"
+    assert client.created["stdin_open"] is True and client.created["labels"] == {images.RUN_LABEL: run_of}
+    assert [event for event, _ in container.events] == ["attach", "start", "detach"]
+    assert container.events[0][1] == {"stdin": 1, "stream": 1}
 
 
 def test_run_past_the_timeout_is_killed_and_keeps_its_log(tmp_path: Path) -> None:

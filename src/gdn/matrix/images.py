@@ -32,6 +32,9 @@ TAG_REPOSITORY = "gdn-matrix"
 # The image's whole content hash; the tag holds only its first 12 digits, and any image may be tagged
 # with anything, so an image is reused only when its label says it is this content.
 CONTENT_LABEL = "org.gdn-matrix.content-hash"
+# Each cell container is labelled with the cell's staging directory: one left by a runner that died
+# (a container outlives its client) is removed by the next run of that cell.
+RUN_LABEL = "org.gdn-matrix.run"
 CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
 SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
 # The cell's lock (config.cell_files' "lock") under this name in the build context.
@@ -430,6 +433,13 @@ def _follow(container: Any, timeout_s: float, tail: _LineTail) -> RunResult:
     return RunResult(exit_code=int(status["StatusCode"]), timed_out=False, log_tail=tail.text)
 
 
+def _remove_left_over(client: Any, run_of: str, tail: _LineTail) -> None:
+    """Containers of earlier runs of the cell (its guard is held, so their runners are dead)."""
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_of}"}):
+        tail.feed(f"[gdn-matrix: removing {container.name}, left by a run of this cell whose runner died]\n")
+        container.remove(force=True)
+
+
 def run_container(
     client: Any,
     cell: Cell,
@@ -442,12 +452,17 @@ def run_container(
 ) -> RunResult:
     """Run `command` in the cell's image: source read-only at /src, `out_dir` at /results, no network
     (a test that reaches out should fail, not hang), the cell's devices, its timeout. `log` gets each
-    line as it comes, from a reader thread. A container that cannot start gives exit_code None."""
+    line as it comes, from a reader thread. A container that cannot start gives exit_code None.
+
+    The container's stdin is attached to this process and closed by the engine when this process's
+    attachment ends: if the runner dies outright, the cell entry sees its stdin end and ends its
+    processes (entry --end-with-stdin), and the next run of the cell removes the container."""
     import docker
     import requests
 
     options = container_options(cell)
     prepare_results_dir(out_dir)
+    run_of = str(out_dir.resolve().parent)
     volumes = {
         **options.pop("volumes"),
         str(root.resolve()): {"bind": SRC_MOUNT, "mode": "ro"},
@@ -455,11 +470,20 @@ def run_container(
     }
     environment = {**options.pop("environment"), **RUN_ENV, **cell.env}
     tail = _LineTail(log)
-    container = None
+    container = stdin = None
     try:
+        _remove_left_over(client, run_of, tail)
         container = client.containers.create(
-            tag, command, volumes=volumes, environment=environment, network_mode="none", **options
+            tag,
+            command,
+            volumes=volumes,
+            environment=environment,
+            network_mode="none",
+            stdin_open=True,  # and, as the SDK sets it with this, StdinOnce: closed when we detach
+            labels={RUN_LABEL: run_of},
+            **options,
         )
+        stdin = container.attach_socket(params={"stdin": 1, "stream": 1})
         container.start()
         return _follow(container, cell.timeout_s, tail)
     except (docker.errors.DockerException, requests.RequestException) as exc:
@@ -467,6 +491,9 @@ def run_container(
         tail.feed(f"[gdn-matrix: the container failed: {exc}]\n")
         return RunResult(exit_code=None, timed_out=False, log_tail=tail.text)
     finally:
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
         if container is not None:
             with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
                 container.remove(force=True)

@@ -12,7 +12,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 # What one results file (cell.json, junit.xml, bench.json, ...) may hold: far above what a cell
 # writes (a full shape grid's junit.xml is under 2 MB), far below what would hurt the reader.
@@ -44,23 +44,37 @@ def write_json(path: Path, payload: Any) -> None:
     atomic_write(path, json.dumps(payload, indent=2, sort_keys=False) + "\n")
 
 
-def read_capped(path: Path, limit: int, *, follow_symlinks: bool = False) -> bytes:
-    """The bytes of a regular file of at most `limit` bytes. A symlink is refused unless
-    `follow_symlinks` (the results of a run hold none), and so is anything else that is not a regular
-    file, before a byte is read; OSError where the file cannot be opened at all."""
+def _open_regular(path: Path, follow_symlinks: bool) -> BinaryIO:
+    """`path` opened for reading when it is a regular file (a symlink only if `follow_symlinks`)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     if not follow_symlinks:
         if path.is_symlink():
             raise UnreadableFileError(f"{path.name} is a symlink, not a regular file")
         flags |= getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(path, flags)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UnreadableFileError(f"{path.name} is not a regular file")
+    handle = os.fdopen(os.open(path, flags), "rb")
+    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+        handle.close()
+        raise UnreadableFileError(f"{path.name} is not a regular file")
+    return handle
+
+
+def read_capped(path: Path, limit: int, *, follow_symlinks: bool = False) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes. A symlink is refused unless
+    `follow_symlinks` (the results of a run hold none), and so is anything else that is not a regular
+    file, before a byte is read; OSError where the file cannot be opened at all."""
+    with _open_regular(path, follow_symlinks) as handle:
         data = handle.read(limit + 1)
     if len(data) > limit:
         raise UnreadableFileError(f"{path.name} is larger than the {limit} bytes such a file may have")
     return data
+
+
+def read_tail(path: Path, limit: int) -> bytes:
+    """The last `limit` bytes of a regular file (a log that may be of any length), never through a
+    symlink; UnreadableFileError or OSError as read_capped."""
+    with _open_regular(path, follow_symlinks=False) as handle:
+        handle.seek(max(0, os.fstat(handle.fileno()).st_size - limit))
+        return handle.read(limit)
 
 
 def location(parts: tuple[Any, ...] | list[Any]) -> str:

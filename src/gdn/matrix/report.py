@@ -26,7 +26,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gdn.matrix import devices, peers, schema, speed
+from gdn.matrix import devices, peers, runs, schema, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.jsonio import atomic_write
 from gdn.matrix.markdown import cut, fit_summary, md_cell, md_table
@@ -292,6 +292,10 @@ def _is_report_dir(directory: Path) -> bool:
 
 
 def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, Any]:
+    """The report of `results_root`; a run that died with its marker left (and whose cell no live run
+    holds) is recorded first, as the next run of its cell would."""
+    if results_root.is_dir():
+        runs.clear_every_dead_run(results_root)
     found = {r.name: r for r in read_results(results_root) if not _is_report_dir(results_root / r.name)}
     cells = [cell_entry(found.pop(c.name, None) or _never_run(c), c) for c in (matrix.cells if matrix else ())]
     cells += [cell_entry(found[name], None) for name in sorted(found)]
@@ -406,11 +410,12 @@ def hardware_note(cell: dict[str, Any]) -> str | None:
 
 
 def interrupted_text(cell: dict[str, Any]) -> str | None:
-    """A later run that was interrupted, beside the complete one the cell shows."""
+    """A later run that was interrupted, or whose runner died, beside the complete one the cell shows."""
     record = cell.get("interrupted")
     if not record:
         return None
-    text = f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+    how = "died" if record.get("runner_died") else f"was interrupted by {record['signal']}"
+    text = f"a later run {how} at {record['interrupted_at']}: {record['reason']}"
     return text + failed_so_far(record)
 
 

@@ -116,6 +116,9 @@ class InterruptedRun:
     # and errored ones ("nodeid: message"), since junit.xml is written only when pytest ends
     tests_finished: dict[str, int] = field(default_factory=dict)
     tests_failed: list[str] = field(default_factory=list)
+    # no signal was seen: the runner itself died (SIGKILL, the OOM killer), and the next run of the cell
+    # or the report found the marker it left (gdn.matrix.runs); `signal` is then "unknown"
+    runner_died: bool = False
     schema: int = CELL_SCHEMA
 
 
