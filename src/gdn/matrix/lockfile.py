@@ -176,6 +176,9 @@ def parse_body(text: str, first_line: int = 1) -> tuple[list[Requirement], list[
                 f"line {number}: {continued.name}=={continued.version} continues here, but {line!r} is not a "
                 "`    --hash=sha256:<64 hex>` line"
             )
+            if line.lstrip().startswith("--hash"):  # a hash cut or mangled: the entry may go on after it
+                continued = continued if line.endswith(" \\") else None
+                continue
             continued = None
         if _COMMENT.fullmatch(line):
             continue
