@@ -64,7 +64,10 @@ def _junit(failing: bool) -> str:
 def _results(root: Path, *, route: str, failing: bool, fla_npu: str, rejected=None) -> Path:
     directory = root / "npu-2610"
     status = "failed" if failing else "passed"
-    CellOutcome(cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True).write(directory)
+    outcome = CellOutcome(
+        cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True, exit_code=int(failing)
+    )
+    outcome.write(directory)
     write_json(directory / "resolution.json", [_record(route, rejected)])
     write_json(directory / "manifest.json", {"fla_npu": {"distribution": {"name": "fla-npu", "version": fla_npu}}})
     (directory / "junit.xml").write_text(_junit(failing))
@@ -246,7 +249,7 @@ def test_no_fail_and_output_file(tmp_path, capsys):
     ("content", "message"),
     [
         (None, "cannot read report {path}: [Errno 2]"),
-        ("{not json", "cannot read report {path}: Expecting property name"),
+        ("{not json", "{path} is not JSON: Expecting property name"),
         ('{"schema": 1}', "{path}: generated_at: Field required (and 2 more)"),
         ('{"schema": 7, "cells": []}', "{path} has report schema 7; this gdn-matrix reads schema 1"),
         (

@@ -89,7 +89,7 @@ def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path
     assert not (results / "hanging" / "junit.xml").exists()
 
     assert {p.name: p.read_bytes() for p in (results / "good").iterdir()} == before
-    assert {p.name for p in results.iterdir() if p.name.startswith(".")} <= {".locks", ".staging"}
+    assert {p.name for p in results.iterdir() if p.name.startswith(".")} <= {".guards", ".staging"}
     assert not list(results.glob(".staging/*")), "no staging directory left behind"
 
 
@@ -287,3 +287,87 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
     assert (
         "junit.xml is missing: the 3 tests shown are those tests.jsonl recorded before the run ended" in read.problems
     )
+
+
+def _session_of(pid: int) -> int | None:
+    """The session id of a live (not zombie) process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[3])
+
+
+def _processes() -> dict[int, tuple[int, int | None]]:
+    """{pid: (parent pid, session id)} of every live process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if fields[0] != "Z":
+                found[int(entry.name)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_path):
+    """SIGKILL of `gdn-matrix run` (the OOM killer, a hard cancel): its cell's pytest, the workers and
+    what a test started kept running, orphaned, and the killed run was recorded nowhere."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gdn.matrix import cli, report
+
+    results, late, started = tmp_path / "results", tmp_path / "late.txt", tmp_path / "started.txt"
+    matrix_path = tmp_path / "matrix.yaml"
+    matrix_path.write_text(json.dumps({"schema": 1, "cells": [host_cell("c")]}))
+    run(tmp_path, "ok", host_cell("c"), results)
+    good = (results / "c" / "cell.json").read_bytes()
+    source = source_tree(tmp_path, "ok")
+    grandchild = f"import time; time.sleep(8); open({str(late)!r}, 'w')"
+    (source / "tests" / "test_x.py").write_text(
+        TESTS["ok"]
+        + "\n@pytest.mark.probe\ndef test_slow():\n    import subprocess, sys, time\n"
+        + f"    subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+        + f"    open({str(started)!r}, 'w').close()\n    time.sleep(120)\n"
+    )
+    command = [sys.executable, "-m", "gdn.matrix.cli", "run", "c", "--matrix", str(matrix_path)]
+    command += ["--root", str(source), "--results", str(results)]
+    env = {**os.environ, "GDN_TEST_WORKERS": "2", "PYTHONPATH": str(Path(cli.__file__).parents[2])}
+    runner = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert time.monotonic() < deadline and runner.poll() is None, "the slow test never started"
+        time.sleep(0.2)
+    time.sleep(1)  # its grandchild is on its way
+    processes = _processes()
+    [entry] = [pid for pid, (parent, _) in processes.items() if parent == runner.pid]
+    of_the_run = {pid for pid, (_, session) in processes.items() if session == entry}
+    assert len(of_the_run) >= 4, "the entry, pytest, its workers and the test's own process"
+
+    runner.send_signal(signal.SIGKILL)  # to the runner alone, as the OOM killer does
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while alive := {pid for pid in of_the_run if _session_of(pid) == entry}:
+        assert time.monotonic() < deadline, f"processes of the killed run still live: {sorted(alive)}"
+        time.sleep(0.2)
+    time.sleep(9)  # past the moment the test's grandchild would have written its file
+    assert not late.exists(), "a process the killed run started kept running"
+    assert (results / "c" / "cell.json").read_bytes() == good
+
+    [shown] = report.build_report(results)["cells"]
+    assert (shown["status"], shown["verdict"]) == ("passed", "PASSED"), "the last good result is kept"
+    record = shown["interrupted"]
+    assert (record["signal"], record["runner_died"], record["tests_finished"]) == ("unknown", True, {"passed": 1})
+    assert record["reason"].startswith(f"the runner (pid {runner.pid} on ")
+    assert "died without recording its end: killed outright (SIGKILL: the OOM killer" in record["reason"]
+    assert "the results shown are of the last complete run; its tests before it stopped: 1 passed" in record["reason"]
+    assert "a later run died at " in report.render_markdown(report.build_report(results))
+    assert json.loads((results / "c" / "interrupted.json").read_text()) == record
+    assert not list((results / ".staging").glob("c/*")), "the dead run's staging is cleared"

@@ -272,8 +272,8 @@ def results_root(tmp_path: Path, passing_junit: str) -> Path:
     _write_cell(
         root,
         # a CUDA cell run where no GPU was visible: it resolved ops on cpu only
-        CellOutcome(cell="orphan", status="passed", device="cuda", runtime="host"),
-        {"resolution.json": CPU_RESOLUTION},
+        CellOutcome(cell="orphan", status="passed", device="cuda", runtime="host", exit_code=0),
+        {"resolution.json": CPU_RESOLUTION, "junit.xml": _junit(_case("test_probe_runs", "probe"))},
     )
     return root
 
@@ -474,7 +474,7 @@ def test_malformed_junit_is_named_and_the_rest_of_the_cell_survives(report):
     assert cell["status"] == "error"
     assert len(cell["problems"]) == 1
     assert cell["problems"][0].startswith("junit.xml is not valid JUnit XML")
-    assert cell["reason"] == f"results unreadable: {cell['problems'][0]}"
+    assert cell["reason"] == f"cell.json says passed but {cell['problems'][0]}"
     assert (cell["families"], cell["failures"]) == ({}, [])
     assert (cell["versions"], cell["resolution"]) == (CPU_VERSIONS, CPU_RESOLUTION_MAP)
 
@@ -530,7 +530,7 @@ def test_unreadable_files_and_bad_records_become_problems(tmp_path):
     assert odd["resolution"] == {}
     assert (nocell["status"], nocell["reason"]) == ("error", "cell.json is missing: the cell never recorded an outcome")
     assert nocell["problems"][0] == nocell["reason"]
-    assert nocell["problems"][1].startswith("manifest.json is unreadable: ")
+    assert nocell["problems"][1].startswith("manifest.json is not JSON: ")
     assert '<section class="cell s-error" id="cell-nocell"' in report_mod.render_html(report)
 
 
@@ -768,7 +768,11 @@ def honest(tmp_path: Path) -> dict[str, Any]:
             exit_code=0,
             pin_differences=[PinDifference(**d) for d in H200_DIFFERENCES],
         ),
-        {"manifest.json": H200_MANIFEST, "resolution.json": cuda_records},
+        {
+            "manifest.json": H200_MANIFEST,
+            "resolution.json": cuda_records,
+            "junit.xml": _junit(_case("test_x", "probe")),
+        },
     )
     _write_cell(
         root,

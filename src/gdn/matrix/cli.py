@@ -17,8 +17,9 @@ EXIT_NOT_RUN = 3
 
 
 def _run_cell(args: argparse.Namespace) -> int:
-    from gdn.matrix.cell import CellBusyError, CellInterruptedError, run_cell
+    from gdn.matrix.cell import CellInterruptedError, run_cell
     from gdn.matrix.config import MatrixConfigError, load_matrix
+    from gdn.matrix.runs import CellBusyError
 
     try:
         matrix = load_matrix(args.matrix)

@@ -7,6 +7,10 @@ regression, so it can gate a wheel upgrade in CI (exit 0: no regression, 1: a re
 is unusable). `--pair OLD_CELL=NEW_CELL` compares two differently named cells instead (the stack in use
 against the candidate cell that adds or upgrades a wheel). A lock change is shown, never a regression by itself;
 a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
+
+What the diff cannot read it refuses (exit 2, naming the file and the field) rather than leave out of
+the comparison: a report past its size cap or not a regular file, not strict JSON (a NaN), nested past
+a limit, not the report.json schema, a timing that is not a finite number of ms above 0.
 """
 
 from __future__ import annotations
@@ -23,8 +27,17 @@ from typing import Any
 
 from gdn.backends import fla_choices
 from gdn.matrix import schema, speed
-from gdn.matrix.markdown import md_cell, md_table
+from gdn.matrix.jsonio import (
+    REPORT_FILE_MAX_BYTES,
+    UnreadableFileError,
+    atomic_write,
+    location,
+    parse_json,
+    read_capped,
+)
+from gdn.matrix.markdown import fit_summary, md_cell, md_table
 from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
+from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import shape_text
 
 DEFAULT_THRESHOLD = 0.10
@@ -33,18 +46,13 @@ EXIT_CODES = f"""exit status:
   {EXIT_OK}  no regression (or --no-fail)
   {EXIT_REGRESSION}  at least one regression
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
-     schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold, a --pair cell that
-     is not there"""
-# worse is higher; not_run is worst because nothing about the cell is known any more
-STATUS_RANK = {
-    "passed": 0,
-    "failed": 1,
-    "error": 2,
-    "timeout": 2,
-    "build_failed": 3,
-    "not_run": 4,
-    "interrupted": 4,
-}
+     schema (`gdn-matrix schema report`), a NaN, nesting past 64 levels, a timing that is not a
+     finite number of ms > 0, two cells of one name, a bad --threshold, a --pair cell that is not
+     there, an --output that cannot be written"""
+
+
+# statuses of a cell that ran its probe and its tests: its resolutions are known
+GOT_TO_TESTS = ("passed", "failed")
 
 
 class ReportError(ValueError):
@@ -219,8 +227,9 @@ def _paired(
 
 def _backend_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[BackendChange]:
     old_res, new_res = old.get("resolution") or {}, new.get("resolution") or {}
-    if not old_res or not new_res:
-        # a cell that resolved nothing (not run, build failed) is told by its status, not per op
+    if not old_res or (not new_res and new.get("status") not in GOT_TO_TESTS):
+        # a cell that resolved nothing because it never got to its probe (not run, build failed) is
+        # told by its status; one that got to its tests and resolved nothing lost every resolution
         return []
     changes = []
     keys = {(op, dev) for res in (old_res, new_res) for op, per_device in res.items() for dev in per_device}
@@ -519,16 +528,32 @@ def render_markdown(diff: ReportDiff) -> str:
 # ---------------------------------------------------------------- gdn-matrix diff
 
 
+def _timing_problem(report: dict[str, Any], path: Path) -> str | None:
+    """Where a benchmark row's `ms` is neither null (not timed) nor a finite number above 0: such a row
+    was left out of the comparison, so a slowdown to NaN, 0 or "fast" passed. The older untyped rows
+    (`impl`, no `backend`) may say "n/a"."""
+    for i, cell in enumerate(report["cells"]):
+        for j, row in enumerate(cell.get("bench") or []):
+            ms = row.get("ms") if isinstance(row, dict) else None
+            if ms is None or ("backend" not in row and isinstance(ms, str)):
+                continue
+            if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+                where = location(("cells", i, "bench", j, "ms"))
+                return f"{path}: {where}: {ms!r} is not a time (a finite number of ms > 0, or null)"
+    return None
+
+
 def load_report(path: Path) -> dict[str, Any]:
-    """The report, validated against its model (gdn.matrix.schema.Report) and with its defaults filled."""
+    """The report, validated against its model (gdn.matrix.schema.Report) and with its defaults filled;
+    read within REPORT_FILE_MAX_BYTES, as strict JSON, its timings checked."""
     try:
-        text = path.read_bytes()
-    except OSError as exc:
+        text = read_capped(path, REPORT_FILE_MAX_BYTES, follow_symlinks=True)
+    except (OSError, UnreadableFileError) as exc:
         raise ReportError(f"cannot read report {path}: {exc}") from None
     try:
-        header = json.loads(text)
-    except ValueError as exc:
-        raise ReportError(f"cannot read report {path}: {exc}") from None
+        header = parse_json(text, str(path))
+    except UnreadableFileError as exc:
+        raise ReportError(str(exc)) from None
     if isinstance(header, dict) and header.get("schema") != schema.REPORT_SCHEMA:
         raise ReportError(
             f"{path} has report schema {header.get('schema')!r}; this gdn-matrix reads schema {schema.REPORT_SCHEMA}"
@@ -541,7 +566,11 @@ def load_report(path: Path) -> dict[str, Any]:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ReportError(f"{path} names these cells more than once: {', '.join(duplicates)}")
-    return asdict(report)
+    loaded = asdict(report)
+    problem = _timing_problem(loaded, path)
+    if problem:
+        raise ReportError(problem)
+    return loaded
 
 
 def _threshold(text: str) -> float:
@@ -590,7 +619,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare cell OLD_CELL of OLD with cell NEW_CELL of NEW (repeatable); only the pairs are compared",
     )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the Markdown to FILE")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="also write the Markdown to FILE, cut to fit a GitHub job summary (standard output has it whole)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -618,8 +652,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     markdown = diff.to_markdown()
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(markdown)
+        try:
+            atomic_write(args.output, fit_summary(markdown, "diff is in gdn-matrix diff's standard output"))
+        except OSError as exc:
+            print(f"gdn-matrix diff: error: cannot write --output {args.output}: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
     print(markdown, end="")
     return EXIT_REGRESSION if diff.regressions and not args.no_fail else EXIT_OK
 

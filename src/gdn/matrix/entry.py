@@ -5,6 +5,13 @@ output directory (see gdn.matrix.results); the exit status says how it went:
 0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
 
     python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
+        [--end-with-stdin]
+
+With --end-with-stdin the runner holds the other end of the entry's stdin and never writes to it: when
+the pipe closes, the runner is gone (killed outright: SIGKILL, the OOM killer, a hard cancel, which it
+cannot answer), and the entry kills its whole process group, pytest and everything a test started with
+it, then itself. In a container the pipe is the container's stdin, which the engine closes when the
+runner's attachment to it ends.
 """
 
 from __future__ import annotations
@@ -14,9 +21,11 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,7 +42,8 @@ KERNELS, ACCURACY = "kernels.json", "accuracy.json"
 def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict:
     print(f"== {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()
-    code = subprocess.call(command, cwd=cwd, env=env)
+    # stdin stays the entry's: the pipe from the runner, which it alone watches
+    code = subprocess.call(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
     return {"step": name, "exit_code": code, "duration_s": round(time.monotonic() - started, 2)}
 
 
@@ -58,7 +68,19 @@ def share_with_group(out: Path) -> None:
             path.chmod(stat.S_IMODE(path.stat().st_mode) | extra)
 
 
+def _watch_the_runner() -> None:
+    """Kill this process group, this process last, once stdin reaches its end: the runner that holds the
+    pipe's other end has died (see the module's docstring)."""
+    while os.read(0, 1 << 16):  # the runner writes nothing; b"" is its end
+        pass
+    # In a container this process is PID 1, which its own group's SIGKILL does not reach.
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(128 + signal.SIGKILL)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.end_with_stdin:
+        threading.Thread(target=_watch_the_runner, name="gdn-runner-watch", daemon=True).start()
     try:
         return _run(args)
     finally:
@@ -120,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mode", default="auto", help="gdn compute mode for the probe and the tests")
     parser.add_argument("--bench", action="store_true", help="also run the benchmarks (GPU cells)")
     parser.add_argument("--tests", type=Path, default=SOURCE_ROOT / "tests")
+    parser.add_argument(
+        "--end-with-stdin",
+        action="store_true",
+        help="end the whole process group when stdin closes (the runner holds its other end)",
+    )
     return parser
 
 

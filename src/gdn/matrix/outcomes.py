@@ -15,9 +15,11 @@ compared (the `gdn_comparison` property: the mode, the ops it served, the ops th
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, parse_json, read_capped
 
 if TYPE_CHECKING:  # the runner and the report read the file back without pytest
     import pytest
@@ -98,12 +100,20 @@ class OutcomeWriter:
 
 def read_finished(path: Path) -> list[FinishedTest]:
     """The tests a run finished, in the order they finished; a line that is not a finished test (the
-    last one, cut short by the end of the run) is left out."""
+    last one, cut short by the end of the run) is left out. Read within the results files' cap, and
+    only as a regular file (OSError, or UnreadableFileError, where it is not one)."""
+    try:
+        data = read_capped(path, RESULTS_FILE_MAX_BYTES)
+    except FileNotFoundError:
+        return []
     tests = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    known = {f.name for f in fields(FinishedTest)}
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
-            test = FinishedTest(**json.loads(line))
-        except (ValueError, TypeError):
+            found = parse_json(line, path.name)
+            # keys a newer writer adds are left out, as every results file's reader leaves them
+            test = FinishedTest(**{k: v for k, v in found.items() if k in known})
+        except (ValueError, TypeError, AttributeError):
             continue
         if test.outcome in OUTCOMES:
             tests.append(test)

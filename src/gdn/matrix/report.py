@@ -5,6 +5,11 @@ Cells named in the matrix but without a results directory are reported as not ru
 (gdn.matrix.devices), so a report always shows the whole matrix; results of cells the matrix no longer
 names are kept, since they were run. What a cell that did not run would have shown is "not checked",
 never "not met".
+
+A cell's status is the worst of what its files show, not cell.json's word alone: a failed or errored
+test in junit.xml or tests.jsonl, a junit.xml missing or empty where the cell got to its tests, an exit
+code that says otherwise, a file that does not validate (a NaN among them) each make it worse, with
+the reason. report.json is strict JSON; report.md stays within what a GitHub job summary takes.
 """
 
 from __future__ import annotations
@@ -22,11 +27,20 @@ from pathlib import Path
 from typing import Any
 
 from gdn.backends import fla_choices
-from gdn.matrix import devices, peers, schema, speed
+from gdn.matrix import devices, peers, runs, schema, speed
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.jsonio import atomic_write
-from gdn.matrix.markdown import md_cell, md_table
-from gdn.matrix.results import FAMILY_MARKERS, CellResults, TestCase, read_results
+from gdn.matrix.markdown import cut, fit_summary, md_cell, md_table
+from gdn.matrix.outcomes import FILE as OUTCOMES
+from gdn.matrix.results import (
+    FAMILY_MARKERS,
+    JUNIT,
+    STATUS_RANK,
+    CellResults,
+    TestCase,
+    read_results,
+    status_of,
+)
 from gdn.matrix.schema import REPORT_SCHEMA, BenchFile, CellOutcome, ResolutionRecord, Verdict
 from gdn.matrix.versions import VERSION_KEYS, dig, versions
 from gdn.op_names import OP_NAMES
@@ -46,6 +60,9 @@ VERDICTS: dict[str, Verdict] = {
 }
 UNMARKED_FAMILY = "unmarked"
 FAILURES_SHOWN = 20
+# a cell's problems and notes in report.md (report.json has them all)
+NOTES_SHOWN = 20
+LOG_LINE_CHARS = 500
 # an interrupted run's failed tests named in its one-line reason
 FAILED_SHOWN = 5
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
@@ -158,6 +175,45 @@ def expectations(cell: Cell | None, entry: dict[str, Any]) -> list[dict[str, Any
     return checked
 
 
+def _tally(failed: int, errored: int) -> str:
+    """`1 failed test`, `2 tests in error`, `1 failed test and 1 in error`."""
+    parts = [f"{failed} failed test{'s' * (failed != 1)}"] if failed else []
+    if errored:
+        parts.append(f"{errored} in error" if failed else f"{errored} test{'s' * (errored != 1)} in error")
+    return " and ".join(parts)
+
+
+def _bad_tests(tests: list[TestCase]) -> str | None:
+    failed = sum(t.outcome == "failed" for t in tests)
+    errored = sum(t.outcome == "error" for t in tests)
+    return _tally(failed, errored) if failed or errored else None
+
+
+def contradictions(results: CellResults) -> list[tuple[str, str]]:
+    """(the status it shows, what) for each thing the cell's files show against cell.json's status: a
+    cell that got to its tests (passed, failed) has a junit.xml with tests in it, no failed or errored
+    test if it passed, and the exit code of its status."""
+    outcome = results.outcome
+    if outcome is None or outcome.status not in ("passed", "failed"):
+        return []
+    found = []
+    unreadable = next((problem for problem in results.problems if problem.startswith(JUNIT)), None)
+    if not results.junit_found:
+        found.append(("error", f"{JUNIT} is missing"))
+    elif unreadable:
+        found.append(("error", unreadable))
+    elif not results.tests:
+        found.append(("error", f"{JUNIT} holds no test"))
+    junit_bad = _bad_tests(results.tests) if results.junit_found else None
+    recorded_bad = _bad_tests(results.recorded)
+    if junit_bad:
+        found.append(("failed", f"{JUNIT} has {junit_bad}"))
+    elif recorded_bad:
+        found.append(("failed", f"{OUTCOMES} has {recorded_bad}"))
+    found.append((status_of(outcome.exit_code), f"its exit code is {outcome.exit_code}"))
+    return [(status, what) for status, what in found if STATUS_RANK[status] > STATUS_RANK[outcome.status]]
+
+
 def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]:
     outcome = results.outcome
     if outcome is None:
@@ -168,6 +224,10 @@ def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]
     if results.invalid:
         # a file that does not validate: what it held is unknown, so the cell cannot have passed
         return "error", f"invalid results: {results.invalid[0]}"
+    against = contradictions(results)
+    if against:
+        worst = max((status for status, _ in against), key=STATUS_RANK.__getitem__)
+        return worst, f"cell.json says {outcome.status} but " + " and ".join(what for _, what in against)
     if outcome.status == "passed" and problems:
         # what cannot be read cannot be shown to have passed
         return "error", f"results unreadable: {problems[0]}"
@@ -233,6 +293,10 @@ def _is_report_dir(directory: Path) -> bool:
 
 
 def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, Any]:
+    """The report of `results_root`; a run that died with its marker left (and whose cell no live run
+    holds) is recorded first, as the next run of its cell would."""
+    if results_root.is_dir():
+        runs.clear_every_dead_run(results_root)
     found = {r.name: r for r in read_results(results_root) if not _is_report_dir(results_root / r.name)}
     cells = [cell_entry(found.pop(c.name, None) or _never_run(c), c) for c in (matrix.cells if matrix else ())]
     cells += [cell_entry(found[name], None) for name in sorted(found)]
@@ -347,11 +411,12 @@ def hardware_note(cell: dict[str, Any]) -> str | None:
 
 
 def interrupted_text(cell: dict[str, Any]) -> str | None:
-    """A later run that was interrupted, beside the complete one the cell shows."""
+    """A later run that was interrupted, or whose runner died, beside the complete one the cell shows."""
     record = cell.get("interrupted")
     if not record:
         return None
-    text = f"a later run was interrupted by {record['signal']} at {record['interrupted_at']}: {record['reason']}"
+    how = "died" if record.get("runner_died") else f"was interrupted by {record['signal']}"
+    text = f"a later run {how} at {record['interrupted_at']}: {record['reason']}"
     return text + failed_so_far(record)
 
 
@@ -486,7 +551,9 @@ def _md_notes(report: dict[str, Any]) -> list[str]:
             notes.append(note)
         if cell["status"] != "interrupted" and (note := interrupted_text(cell)):
             notes.append(note)
-        lines += [f"- **{cell['name']}**: {md_cell(n)}" for n in notes]
+        lines += [f"- **{cell['name']}**: {md_cell(n)}" for n in notes[:NOTES_SHOWN]]
+        if len(notes) > NOTES_SHOWN:
+            lines.append(f"- **{cell['name']}**: … and {len(notes) - NOTES_SHOWN} more (see report.json)")
     return ["## Problems", "", *lines, ""] if lines else []
 
 
@@ -512,7 +579,7 @@ def _md_logs(report: dict[str, Any]) -> list[str]:
         tail = cell.get("log_tail")
         if not tail or cell["status"] == "passed":
             continue
-        text = "\n".join(tail.splitlines()[-LOG_LINES_SHOWN:])
+        text = "\n".join(cut(line, LOG_LINE_CHARS) for line in tail.splitlines()[-LOG_LINES_SHOWN:])
         fence = _fence(text)
         lines += [f"<details><summary>{cell['name']}: log tail</summary>", "", fence, text, fence, "", "</details>", ""]
     return ["## Logs", "", *lines] if lines else []
@@ -534,7 +601,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         _md_logs,
     ):
         lines += section(report)
-    return "\n".join(lines).rstrip() + "\n"
+    return fit_summary("\n".join(lines).rstrip() + "\n", "report is in report.json and report.html")
 
 
 # ---------------------------------------------------------------- report.html
@@ -642,7 +709,8 @@ def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
     # render everything before writing anything, so a rendering bug cannot leave a mixed set; the
     # report is checked against its model first, so that diff can read every report this writes
-    text = json.dumps(report, indent=2) + "\n"
+    # strict JSON: every number in it was read from a file that had to be strict JSON too
+    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
     schema.load(schema.Report, text, "report.json")
     markdown, html = render_markdown(report), render_html(report)
     atomic_write(paths["json"], text)

@@ -13,7 +13,9 @@ The models are plain dataclasses and this module imports nothing outside the sta
 writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
 them without pydantic. Readers validate with pydantic (`load`), in strict JSON mode: a field of the
 wrong type is an error naming the file and the field, never a value coerced into something else.
-Keys a model does not name are allowed and ignored (a newer writer may add some).
+A file is read within its size cap and only when it is a regular file, and NaN, infinities and
+nesting past a limit are refused first (gdn.matrix.jsonio). Keys a model does not name are allowed
+and ignored (a newer writer may add some).
 """
 
 from __future__ import annotations
@@ -23,7 +25,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gdn.matrix.jsonio import write_json
+from gdn.matrix.jsonio import (
+    RESULTS_FILE_MAX_BYTES,
+    UnreadableFileError,
+    location,
+    parse_json,
+    read_capped,
+    write_json,
+)
 
 CELL_SCHEMA = 1
 BENCH_SCHEMA = 2
@@ -111,6 +120,9 @@ class InterruptedRun:
     # and errored ones ("nodeid: message"), since junit.xml is written only when pytest ends
     tests_finished: dict[str, int] = field(default_factory=dict)
     tests_failed: list[str] = field(default_factory=list)
+    # no signal was seen: the runner itself died (SIGKILL, the OOM killer), and the next run of the cell
+    # or the report found the marker it left (gdn.matrix.runs); `signal` is then "unknown"
+    runner_died: bool = False
     schema: int = CELL_SCHEMA
 
 
@@ -405,14 +417,6 @@ MODELS: dict[str, Any] = {
 }
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    """('cells', 0, 'failures', 1, 'outcome') -> cells[0].failures[1].outcome"""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
-
-
 def load(model: Any, text: str | bytes, source: str) -> Any:
     """`text` validated as `model`; SchemaError names `source` (the file) and the first field at fault."""
     from pydantic import TypeAdapter, ValidationError
@@ -423,17 +427,20 @@ def load(model: Any, text: str | bytes, source: str) -> Any:
         errors = exc.errors(include_url=False)
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise SchemaError(f"{source}: {_location(first['loc'])}: {first['msg']}{more}") from None
+        raise SchemaError(f"{source}: {location(first['loc'])}: {first['msg']}{more}") from None
 
 
-def load_file(model: Any, path: Path) -> Any:
-    """The file validated as `model`: SchemaError says whether it is not JSON or not the model."""
+def load_file(model: Any, path: Path, limit: int = RESULTS_FILE_MAX_BYTES) -> tuple[Any, Any]:
+    """The file validated as `model`, and its JSON as written (for the sections a model leaves open).
+    SchemaError says why not: not a regular file, past `limit` bytes, not strict JSON, not the model."""
     try:
-        text = path.read_bytes()
-        json.loads(text)
-    except (OSError, ValueError) as exc:
+        data = read_capped(path, limit)
+        value = parse_json(data, path.name)
+    except OSError as exc:
         raise SchemaError(f"{path.name} is unreadable: {exc}") from None
-    return load(model, text, path.name)
+    except UnreadableFileError as exc:
+        raise SchemaError(str(exc)) from None
+    return load(model, data, path.name), value
 
 
 def json_schema(name: str) -> dict[str, Any]:
