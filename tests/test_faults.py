@@ -16,13 +16,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gdn.kernel_log import KernelEntry
+from gdn.matrix import accuracy, cli, kernels, report, runs
 from gdn.matrix import cell as cell_mod
-from gdn.matrix import cli, report, runs
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
@@ -233,7 +235,8 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
     out = tmp_path / "schemas"
     assert cli.main(["schema", "--output", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert names == {f"{n}.schema.json" for n in ("cell", "interrupted", "manifest", "resolution", "bench", "report")}
+    files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report")
+    assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
     directory = _cell_dir(root, "a")
     _report_of(root, tmp_path)
@@ -241,7 +244,12 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "cell": directory / "cell.json",
         "resolution": directory / "resolution.json",
         "report": tmp_path / "out" / "report.json",
+        "kernels": tmp_path / "kernels.json",
+        "accuracy": tmp_path / "accuracy.json",
     }
+    entry = KernelEntry("fla", "common.chunk_bwd_dqkwg", "float32", "tilelang", (("x", "why"),), "numeric probe")
+    kernels.add_step(written["kernels"], "tests", Counter({entry: 2}))
+    accuracy.main(["--ops", "causal_conv1d_update", "--output", str(written["accuracy"])])
     for name, path in written.items():
         schema = json.loads((out / f"{name}.schema.json").read_text())
         jsonschema.validate(json.loads(path.read_text()), schema)

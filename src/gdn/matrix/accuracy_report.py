@@ -14,55 +14,31 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gdn.matrix.accuracy.table import case_text, error_text, outcome_text
+from gdn.matrix.accuracy.table import case_text, error_text, kernels_text, outcome_text
 from gdn.matrix.markdown import md_cell, md_table
-from gdn.matrix.schema import AccuracyFile
+from gdn.matrix.schema import AccuracyRow, KernelCount, Rejection
 
 DEFAULT_FACTOR = 2.0
 # errors under these are rounding whatever their ratio: fp32 kernels sit at 1e-7-1e-6, bf16 at 1e-3-5e-3
 FLOORS = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 5e-3}
 
 
-def cell_accuracy(found: AccuracyFile | None) -> dict[str, Any] | None:
-    """The report's `accuracy` of a cell."""
-    if found is None:
-        return None
-    rows = [
-        {
-            "op": r.op,
-            "backend": r.backend,
-            "route": r.route,
-            "dtype": r.dtype,
-            "regime": r.regime,
-            "layout": r.layout,
-            "status": r.status,
-            "errors": dict(r.errors),
-            "reason": r.reason,
-            "peer_kernels": sorted({f"{k.function}: {k.ran}" for k in r.kernels if k.level != "gdn"}),
-        }
-        for r in found.rows
-    ]
-    return {"device": found.device, "shape": dict(found.shape), "rows": rows, "unavailable": dict(found.unavailable)}
-
-
 def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str | None, str | None]:
     return (row["op"], row["backend"], row["dtype"], row["regime"], row["layout"])
 
 
-def _as_row(row: dict[str, Any]) -> Any:
-    from gdn.matrix.schema import AccuracyRow
+def _as_row(row: dict[str, Any]) -> AccuracyRow:
+    """A report's row (accuracy.json's, as a dict) as the table's text functions take it."""
+    kernels = [KernelCount(**{**k, "passed_over": [Rejection(**p) for p in k["passed_over"]]}) for k in row["kernels"]]
+    return AccuracyRow(**{**row, "kernels": kernels})
 
-    return AccuracyRow(
-        op=row["op"],
-        backend=row["backend"],
-        dtype=row["dtype"],
-        status=row["status"],
-        regime=row["regime"],
-        layout=row["layout"],
-        route=row["route"],
-        errors=row["errors"],
-        reason=row["reason"],
-    )
+
+def case(row: dict[str, Any]) -> str:
+    return case_text(_as_row(row))
+
+
+def peers(row: dict[str, Any]) -> str:
+    return kernels_text(_as_row(row))
 
 
 def worst(row: dict[str, Any]) -> tuple[str, float | None] | None:
@@ -82,13 +58,7 @@ def markdown(cells: list[dict[str, Any]]) -> list[str]:
             continue
         shape = " ".join(f"{k}={v}" for k, v in found["shape"].items())
         rows = [
-            [
-                r["op"],
-                md_cell(r["route"] or r["backend"]),
-                case_text(_as_row(r)),
-                md_cell(_marked(r)),
-                md_cell(", ".join(r["peer_kernels"]) or "—"),
-            ]
+            [r["op"], md_cell(r["route"] or r["backend"]), case(r), md_cell(marked(r, "**")), md_cell(peers(r) or "—")]
             for r in found["rows"]
         ]
         lines += [f"### Accuracy: {cell['name']} ({found['device']}, {shape})", ""]
@@ -98,45 +68,68 @@ def markdown(cells: list[dict[str, Any]]) -> list[str]:
     return ["## Accuracy (against fp64 references)", "", *lines] if lines else []
 
 
-def _marked(row: dict[str, Any]) -> str:
+def marked(row: dict[str, Any], mark: str) -> str:
+    """The row's errors with its worst between `mark`s (markdown's **), or why it has none."""
     found = worst(row)
     if found is None:
         return outcome_text(_as_row(row))
     name, _ = found
     texts = {q: f"{q} {error_text(e)}" for q, e in row["errors"].items()}
-    return ", ".join(f"**{text}**" if q == name else text for q, text in texts.items())
+    return ", ".join(f"{mark}{text}{mark}" if q == name else text for q, text in texts.items())
 
 
-@dataclass(frozen=True)
-class Bar:
-    """One row's worst error, as report.html plots it (log scale, 1e-8 .. 1)."""
-
-    label: str
-    value: float | None  # None: not finite
-    width: float  # 0 .. 1 of the plot's width
-
-    @property
-    def text(self) -> str:
-        return error_text(self.value)
+LOG_MIN, LOG_MAX = -8, 0  # the plot's decades: 1e-8 .. 1
 
 
-LOG_MIN, LOG_MAX = -8.0, 0.0
+def worst_name(row: dict[str, Any]) -> str | None:
+    found = worst(row)
+    return None if found is None else found[0]
 
 
-def bars(cell: dict[str, Any]) -> list[Bar]:
-    found = []
+def svg(cell: dict[str, Any]) -> str | None:
+    """Each measured row's worst error as a bar on a log scale (1e-8 .. 1), labelled; None without rows.
+    Built from escaped parts (report.html marks it safe)."""
+    from markupsafe import escape
+
+    bars = []
     for row in (cell.get("accuracy") or {}).get("rows", []):
-        top = worst(row)
-        if top is None:
-            continue
-        name, value = top
-        label = f"{row['op']} · {row['backend']} · {case_text(_as_row(row))} · {name}"
+        found = worst(row)
+        if found is not None:
+            bars.append((f"{row['op']} · {row['route'] or row['backend']} · {case(row)} · {found[0]}", found[1]))
+    if not bars:
+        return None
+    bar_h, gap, label_w, plot_w, value_w = 16, 4, 560, 400, 90
+    height = len(bars) * (bar_h + gap) + gap + 18
+    width = label_w + plot_w + value_w
+
+    def x(value: float | None) -> float:
         if value is None:
-            width = 1.0
-        else:
-            width = (min(max(math.log10(max(value, 1e-300)), LOG_MIN), LOG_MAX) - LOG_MIN) / (LOG_MAX - LOG_MIN)
-        found.append(Bar(label, value, width))
-    return found
+            return float(plot_w)
+        decade = min(max(math.log10(max(value, 1e-300)), LOG_MIN), LOG_MAX)
+        return max(1.0, plot_w * (decade - LOG_MIN) / (LOG_MAX - LOG_MIN))
+
+    parts = [
+        f'<svg class="accuracy" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="worst relative error per row, log scale">'
+    ]
+    for decade in range(LOG_MIN, LOG_MAX + 1):
+        gx = label_w + plot_w * (decade - LOG_MIN) / (LOG_MAX - LOG_MIN)
+        parts += [
+            f'<line x1="{gx:.1f}" x2="{gx:.1f}" y1="0" y2="{height - 18}" class="grid"/>',
+            f'<text x="{gx:.1f}" y="{height - 4}" text-anchor="middle">1e{decade}</text>',
+        ]
+    for i, (label, value) in enumerate(bars):
+        y = gap + i * (bar_h + gap)
+        width_bar, text_y = x(value), y + bar_h - 4
+        kind = ' class="nonfinite"' if value is None else ""
+        parts += [
+            f'<text x="{label_w - 8}" y="{text_y}" text-anchor="end">{escape(label)}</text>',
+            f'<rect x="{label_w}" y="{y}" width="{width_bar:.1f}" height="{bar_h}"{kind}>'
+            f"<title>{escape(label)}: {error_text(value)}</title></rect>",
+            f'<text x="{label_w + width_bar + 6:.1f}" y="{text_y}">{error_text(value)}</text>',
+        ]
+    parts.append("</svg>")
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------- diff

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from gdn.backends import fla_choices
-from gdn.matrix import schema, speed
+from gdn.matrix import accuracy_report, schema, speed
+from gdn.matrix.accuracy_report import DEFAULT_FACTOR, AccuracyRegression
+from gdn.matrix.accuracy_report import regressions as accuracy_regressions
 from gdn.matrix.jsonio import (
     REPORT_FILE_MAX_BYTES,
     UnreadableFileError,
@@ -35,6 +37,7 @@ from gdn.matrix.jsonio import (
     parse_json,
     read_capped,
 )
+from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
 from gdn.matrix.markdown import fit_summary, md_cell, md_table
 from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.results import STATUS_RANK
@@ -193,6 +196,11 @@ class ReportDiff:
     slowdowns: list[Slowdown] = field(default_factory=list)
     fastest_changes: list[FastestChange] = field(default_factory=list)
     kernel_changes: list[KernelChange] = field(default_factory=list)
+    # what the calls of a step ran (kernels.json), per level, function and dtype
+    kernel_call_changes: list[KernelCallChange] = field(default_factory=list)
+    comparison_losses: list[ComparisonLoss] = field(default_factory=list)
+    accuracy_factor: float = DEFAULT_FACTOR
+    accuracy_regressions: list[AccuracyRegression] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
 
     @property
@@ -395,6 +403,9 @@ def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[st
     diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
     diff.fastest_changes += _fastest_changes(name, old, new)
     diff.kernel_changes += _kernel_changes(name, old, new)
+    diff.kernel_call_changes += kernel_call_changes(name, old, new)
+    diff.comparison_losses += comparison_losses(name, old, new)
+    diff.accuracy_regressions += accuracy_regressions(name, old, new, diff.accuracy_factor)
 
 
 def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
@@ -423,6 +434,13 @@ def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
                 f"{change.cell}: {change.peer}'s kernel changed ({change.old} → {change.new}) with "
                 + "; ".join(change.with_)
             )
+    found += [loss.text() for loss in diff.comparison_losses]
+    found += [f"accuracy: {r.text()}" for r in diff.accuracy_regressions]
+    failing = {t.cell: t for t in diff.newly_failing}
+    for change in diff.kernel_call_changes:
+        # what a call ran is news; beside a newly failing test of its cell it is the first lead
+        if change.cell in failing:
+            found.append(f"kernel changed: {change.text()}, with {failing[change.cell].test} newly failing")
     return found
 
 
@@ -434,13 +452,15 @@ def diff_reports(
     route_changes_regress: bool = False,
     skip_not_run: bool = False,
     pairs: Sequence[tuple[str, str]] = (),
+    accuracy_factor: float = DEFAULT_FACTOR,
 ) -> ReportDiff:
     """What changed from old to new. A backend moving to another backend is a regression; a change of
     route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
     route_changes_regress. With skip_not_run, cells the new report did not run (e.g. self-hosted cells
     skipped for a fork's pull request) are listed as not compared instead of regressing. With pairs,
-    only those (old cell, new cell) pairs are compared, each under the name "old → new"."""
-    diff = ReportDiff(threshold=slowdown_threshold)
+    only those (old cell, new cell) pairs are compared, each under the name "old → new". An accuracy
+    error regresses when it grows past accuracy_factor times its old value and its dtype's floor."""
+    diff = ReportDiff(threshold=slowdown_threshold, accuracy_factor=accuracy_factor)
     before, after = _paired(old, new, pairs) if pairs else (_cells(old), _cells(new))
     diff.cells_added = [name for name in after if name not in before]
     diff.cells_removed = [name for name in before if name not in after]
@@ -494,6 +514,19 @@ def render_markdown(diff: ReportDiff) -> str:
     lines += _section(
         "Peer kernels (what the peer itself runs)",
         md_table(["cell", "peer", "old", "new", "its speed", "came with"], kernel_rows) if kernel_rows else [],
+    )
+    call_rows = [
+        [c.cell, c.step, c.level, c.function, c.dtype, ", ".join(c.old) or "—", ", ".join(c.new) or "—"]
+        for c in diff.kernel_call_changes
+    ]
+    lines += _section(
+        "Kernels the calls ran (kernels.json)",
+        md_table(["cell", "step", "level", "function", "dtype", "old", "new"], call_rows) if call_rows else [],
+    )
+    lines += _section("Comparisons that compare less", _bullets([loss.text() for loss in diff.comparison_losses]))
+    lines += _section(
+        f"Accuracy: errors grown past {diff.accuracy_factor:g}x (and their dtype's floor)",
+        accuracy_report.regression_markdown(diff.accuracy_regressions),
     )
     lines += _section(
         "Newly failing tests",
@@ -584,6 +617,17 @@ def _threshold(text: str) -> float:
     return value
 
 
+def _factor(text: str) -> float:
+    """A finite factor of at least 1: below 1 every unchanged error would regress."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text!r}")
+    return value
+
+
 def _pair(text: str) -> tuple[str, str]:
     old, sep, new = text.partition("=")
     if not sep or not old or not new:
@@ -618,6 +662,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OLD_CELL=NEW_CELL",
         help="compare cell OLD_CELL of OLD with cell NEW_CELL of NEW (repeatable); only the pairs are compared",
     )
+    parser.add_argument(
+        "--accuracy-factor",
+        type=_factor,
+        default=DEFAULT_FACTOR,
+        metavar="X",
+        help=f"an accuracy error that grows past X times its old value (and its dtype's floor) is a regression "
+        f"(default: {DEFAULT_FACTOR:g})",
+    )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
     parser.add_argument(
         "--output",
@@ -641,6 +693,7 @@ def run(args: argparse.Namespace) -> int:
             route_changes_regress=args.route_changes_regress,
             skip_not_run=args.skip_not_run,
             pairs=args.pair,
+            accuracy_factor=args.accuracy_factor,
         )
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)

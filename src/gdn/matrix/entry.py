@@ -31,12 +31,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gdn.matrix import kernels_plugin, outcomes
+from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import write_json
+from gdn.matrix.kernels import FILE as KERNELS
 from gdn.matrix.results import FAMILY_MARKERS
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
 PYTEST_NO_TESTS = 5
-KERNELS, ACCURACY = "kernels.json", "accuracy.json"
 
 
 def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict:

@@ -91,31 +91,51 @@ def comparison_text(c: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------- report.md
 
+# kernel lines beside one failing test in report.md (report.json has them all)
+KERNEL_LINES_SHOWN = 12
 
-def markdown(cells: list[dict[str, Any]]) -> list[str]:
-    """The comparisons and the peers' own dispatch of every cell (gdn's own choice per op is the
-    resolution table; per dtype it is in report.json)."""
-    lines: list[str] = []
+
+def shown(records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The kernel lines to show beside a failure: the test's own calls (not gdn's numeric probes), the
+    peers' dispatch first, since that is what the backend's name does not say."""
+    own = [k for k in records or [] if not k.get("during")]
+    return sorted(own, key=lambda k: k["level"] == "gdn")[:KERNEL_LINES_SHOWN]
+
+
+def peer_dispatch(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(step, record) of every dispatch a peer made inside itself in the cell, outside gdn's probes."""
+    return [
+        (step, k)
+        for step, records in (cell.get("kernels") or {}).items()
+        for k in records
+        if k["level"] != "gdn" and not k.get("during")
+    ]
+
+
+def comparisons_markdown(cells: list[dict[str, Any]]) -> list[str]:
     compared = [
         [cell["name"], md_cell(c["test"]), c["outcome"], md_cell(comparison_text(c))]
         for cell in cells
         for c in cell.get("comparisons") or []
     ]
-    if compared:
-        lines += ["## Comparisons", "", "A comparison's verdict holds for the ops it compared.", ""]
-        lines += [*md_table(["cell", "test", "outcome", "what it compared"], compared), ""]
-    ran = []
-    for cell in cells:
-        for step, records in (cell.get("kernels") or {}).items():
-            ran += [
-                [cell["name"], step, k["level"], k["function"], k["dtype"], k["ran"], str(k["calls"])]
-                for k in records
-                if k["level"] != "gdn" and not k.get("during")
-            ]
-    if ran:
-        lines += ["## What the peers ran", "", "Each dispatch a peer made inside itself, per function and dtype.", ""]
-        lines += [*md_table(["cell", "step", "peer", "function", "dtype", "ran", "calls"], ran), ""]
-    return lines
+    if not compared:
+        return []
+    lines = ["## Comparisons", "", "A comparison's verdict holds for the ops it compared.", ""]
+    return [*lines, *md_table(["cell", "test", "outcome", "what it compared"], compared), ""]
+
+
+def peers_markdown(cells: list[dict[str, Any]]) -> list[str]:
+    """Every dispatch a peer made inside itself, per cell, step, function and dtype (gdn's own choice
+    per op is the resolution table; per dtype and call it is in report.json)."""
+    ran = [
+        [cell["name"], step, k["level"], k["function"], k["dtype"], k["ran"], str(k["calls"])]
+        for cell in cells
+        for step, k in peer_dispatch(cell)
+    ]
+    if not ran:
+        return []
+    lines = ["## What the peers ran", "", "Each dispatch a peer made inside itself, per function and dtype.", ""]
+    return [*lines, *md_table(["cell", "step", "peer", "function", "dtype", "ran", "calls"], ran), ""]
 
 
 # ---------------------------------------------------------------- diff

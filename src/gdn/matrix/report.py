@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from gdn.backends import fla_choices
-from gdn.matrix import devices, peers, runs, schema, speed
+from gdn.matrix import accuracy_report, devices, kernel_report, peers, runs, schema, speed
+from gdn.matrix.accuracy.table import error_text
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, default_matrix_path, load_matrix
 from gdn.matrix.jsonio import atomic_write
 from gdn.matrix.markdown import cut, fit_summary, md_cell, md_table
 from gdn.matrix.outcomes import FILE as OUTCOMES
+from gdn.matrix.outcomes import FinishedTest
 from gdn.matrix.results import (
     FAMILY_MARKERS,
     JUNIT,
@@ -40,6 +42,7 @@ from gdn.matrix.results import (
     TestCase,
     read_results,
     status_of,
+    test_case,
 )
 from gdn.matrix.schema import REPORT_SCHEMA, BenchFile, CellOutcome, ResolutionRecord, Verdict
 from gdn.matrix.versions import VERSION_KEYS, dig, versions
@@ -107,17 +110,24 @@ def family_counts(tests: list[TestCase]) -> dict[str, dict[str, int]]:
     return {name: counts[name] for name in sorted(counts, key=_family_order)}
 
 
-def failures(tests: list[TestCase]) -> list[dict[str, Any]]:
+def failures(tests: list[TestCase], finished: list[FinishedTest]) -> list[dict[str, Any]]:
+    """The failed and errored tests, each with the kernels its calls ran where tests.jsonl has them."""
+    ran = {_test_name(test_case(t)): t.kernels for t in finished if t.kernels}
     return [
         {
-            "test": f"{t.classname}::{t.name}",
+            "test": _test_name(t),
             "family": t.family,
             "outcome": t.outcome,
             "message": t.message,
+            "kernels": ran.get(_test_name(t)) or [],
         }
         for t in tests
         if t.outcome in ("failed", "error")
     ]
+
+
+def _test_name(t: TestCase) -> str:
+    return f"{t.classname}::{t.name}"
 
 
 def bench_rows(bench: BenchFile | None, problems: list[str]) -> list[dict[str, Any]] | None:
@@ -277,9 +287,12 @@ def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
         "pin_differences": known.get("pin_differences"),
         "resolution": resolution,
         "families": family_counts(results.tests),
-        "failures": failures(results.tests),
+        "failures": failures(results.tests, results.finished),
         "bench": bench,
         "peer_kernels": {"fla": fla_choices.fla_kernel(results.manifest)},
+        "kernels": kernel_report.cell_kernels(results.kernels),
+        "comparisons": kernel_report.comparisons(results.finished),
+        "accuracy": None if results.accuracy is None else asdict(results.accuracy),
     }
     entry["expectations"] = expectations(cell, entry)
     entry["problems"] = problems
@@ -567,6 +580,8 @@ def _md_failures(report: dict[str, Any]) -> list[str]:
         for f in failed[:FAILURES_SHOWN]:
             message = f": {md_cell(f['message'])[:300]}" if f.get("message") else ""
             lines.append(f"- `{f['test']}` ({f['outcome']}){message}")
+            ran = kernel_report.shown(f.get("kernels"))
+            lines += [f"  - ran: {md_cell(kernel_report.kernel_line(k))}" for k in ran]
         if len(failed) > FAILURES_SHOWN:
             lines.append(f"- … and {len(failed) - FAILURES_SHOWN} more (see report.json)")
         lines.append("")
@@ -585,6 +600,18 @@ def _md_logs(report: dict[str, Any]) -> list[str]:
     return ["## Logs", "", *lines] if lines else []
 
 
+def _md_comparisons(report: dict[str, Any]) -> list[str]:
+    return kernel_report.comparisons_markdown(report["cells"])
+
+
+def _md_kernels(report: dict[str, Any]) -> list[str]:
+    return kernel_report.peers_markdown(report["cells"])
+
+
+def _md_accuracy(report: dict[str, Any]) -> list[str]:
+    return accuracy_report.markdown(report["cells"])
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = ["# gdn-matrix report", "", f"Generated {report['generated_at']}.", ""]
     for section in (
@@ -592,12 +619,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         _md_resolution,
         peers.markdown,
         _md_families,
+        _md_comparisons,
         _md_versions,
         speed.markdown,
+        _md_accuracy,
         _md_pins,
         _md_not_run,
         _md_notes,
         _md_failures,
+        _md_kernels,
         _md_logs,
     ):
         lines += section(report)
@@ -679,6 +709,14 @@ def _html_environment():
         pin_text=pin_text,
         primary_device=cell_primary_device,
         accelerator_missing=accelerator_missing,
+        shown_kernels=kernel_report.shown,
+        kernel_line=kernel_report.kernel_line,
+        comparison_text=kernel_report.comparison_text,
+        peer_dispatch=kernel_report.peer_dispatch,
+        accuracy_case=accuracy_report.case,
+        accuracy_peers=accuracy_report.peers,
+        accuracy_worst=accuracy_report.worst_name,
+        error_text=error_text,
     )
     return env
 
@@ -688,9 +726,10 @@ def render_html(report: dict[str, Any]) -> str:
 
     source = resources.files("gdn.matrix").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
     template = _html_environment().from_string(source)
-    # built from escaped parts in bench_svg and speed.html, so they are marked safe here and nowhere else
+    # built from escaped parts in bench_svg, speed.html and accuracy_report.svg, so marked safe here and nowhere else
     plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := bench_svg(c.get("bench")))}
     speed_tables = {c["name"]: Markup(table) for c in report["cells"] if (table := speed.html(c))}
+    accuracy_plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := accuracy_report.svg(c))}
     counts: dict[str, int] = {}
     for cell in report["cells"]:
         counts[cell["status"]] = counts.get(cell["status"], 0) + 1
@@ -700,6 +739,7 @@ def render_html(report: dict[str, Any]) -> str:
         version_columns=version_columns(report),
         plots=plots,
         speed_tables=speed_tables,
+        accuracy_plots=accuracy_plots,
         status_counts=counts,
         failures_shown=HTML_FAILURES_SHOWN,
     )

@@ -24,13 +24,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, UnreadableFileError, read_capped
+from gdn.matrix.kernels import FILE as KERNELS
 from gdn.matrix.outcomes import FILE as OUTCOMES
 from gdn.matrix.outcomes import FinishedTest, read_finished
 from gdn.matrix.schema import (
+    AccuracyFile,
     BenchFile,
     CellOutcome,
     InterruptedRun,
+    KernelsFile,
     Manifest,
     ResolutionRecord,
     SchemaError,
@@ -87,6 +91,10 @@ class CellResults:
     junit_found: bool = False
     recorded: list[TestCase] = field(default_factory=list)
     bench: BenchFile | None = None
+    # tests.jsonl's lines as written: a failing test's kernels, a comparison's ops
+    finished: list[FinishedTest] = field(default_factory=list)
+    kernels: KernelsFile | None = None
+    accuracy: AccuracyFile | None = None
     invalid: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -187,7 +195,8 @@ def read_cell(directory: Path) -> CellResults:
     results.resolution = resolution or []
     if _present(directory / OUTCOMES):
         try:
-            results.recorded = [test_case(t) for t in read_finished(directory / OUTCOMES)]
+            results.finished = read_finished(directory / OUTCOMES)
+            results.recorded = [test_case(t) for t in results.finished]
         except (OSError, UnreadableFileError) as exc:
             results.problems.append(f"{OUTCOMES} is unreadable: {exc}")
     junit = directory / JUNIT
@@ -204,6 +213,8 @@ def read_cell(directory: Path) -> CellResults:
             " before the run ended"
         )
     results.bench, _ = _load(results, directory, "bench.json", BenchFile)
+    results.kernels, _ = _load(results, directory, KERNELS, KernelsFile)
+    results.accuracy, _ = _load(results, directory, ACCURACY, AccuracyFile)
     return results
 
 

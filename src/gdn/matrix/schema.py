@@ -346,6 +346,20 @@ class Failure:
     outcome: Literal["failed", "error"]
     family: str | None = None
     message: str | None = None
+    # what the test's calls ran, at every dispatch level (tests.jsonl, where the kernel log recorded it)
+    kernels: list[KernelCount] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    """A test that compared one backend with another: the ops `mode` served (op -> route) and the ops
+    that fell back to another (op -> what served them and why). Its verdict holds for `compared` only."""
+
+    test: str
+    outcome: TestOutcome
+    mode: str | None = None
+    compared: dict[str, str] = field(default_factory=dict)
+    fell_back: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -388,6 +402,10 @@ class ReportCell:
     # bench.json's rows as written (typed rows are validated again by gdn.matrix.speed)
     bench: list[dict[str, Any]] | None = None
     peer_kernels: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # kernels.json: per step of the run (tests, accuracy, bench), what its calls ran
+    kernels: dict[str, list[KernelCount]] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    accuracy: AccuracyFile | None = None
     expectations: list[Expectation] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     interrupted: InterruptedRun | None = None

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+FILE = "accuracy.json"  # in a cell's results directory
 EXIT_CODES = "exit status: 0 the table was measured (its rows say how accurate), 2 unusable arguments"
 BUDGET_S = 600.0
 
