@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -241,9 +242,11 @@ class Checker:
         if size < 1:
             self.fail(name, f"{what} >= 1", size)
 
-    def positive_float(self, name: str, value: object, expected: str) -> float:
-        """A real, finite, positive Python number (bool excluded); returned as float."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    def positive_real(self, name: str, value: object, expected: str) -> float:
+        """A real, finite, positive number, returned as a Python float: any `numbers.Real` (int, float,
+        a numpy scalar, a Fraction), bool excluded. A tensor is refused, 0-d too: its value would be
+        read on the host (a device-to-host sync) or be unknown while torch.compile traces."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(name, expected, _type_name(value), TypeError)
         try:
             as_float = float(value)
@@ -254,9 +257,10 @@ class Checker:
         return as_float
 
     def scale(self, scale: object, head_dim: int) -> float:
-        if scale is None:
-            return head_dim**-0.5
-        return self.positive_float("scale", scale, "None or a positive float")
+        return head_dim**-0.5 if scale is None else self.given_scale(scale)
+
+    def given_scale(self, scale: object) -> float:
+        return self.positive_real("scale", scale, "None or a positive real number")
 
     def activation(self, activation: object) -> None:
         # Compare strings only: `in` on the tuple would call __eq__ of arbitrary objects (an array's is
@@ -571,7 +575,7 @@ def check_l2norm_inputs(x, eps) -> None:
     c.float_dtype("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
         c.fail("x", "a tensor with a last dimension of size >= 1", f"shape {_shape(x)}")
-    c.positive_float("eps", eps, "a positive float")
+    c.positive_real("eps", eps, "a positive real number")
 
 
 @remember_accepted
