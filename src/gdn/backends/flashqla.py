@@ -23,6 +23,7 @@ import torch
 
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall
+from gdn.gates import floored
 
 NAME = "flashqla"
 OP = "chunk_gated_delta_rule"
@@ -60,7 +61,8 @@ def _load() -> OpTable:
             call.v,
             # FlashQLA keeps the gate's cumulative sums in g's dtype and asserts an fp32 dg in its
             # backward; our contract admits a half-precision g, which the cast turns into its gradient.
-            call.g.float(),
+            # Its chunk kernels take differences of those sums: a -inf gate is floored (gdn.gates).
+            floored(call.g.float()),
             call.beta,
             scale=call.scale,
             initial_state=initial_state,

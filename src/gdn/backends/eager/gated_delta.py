@@ -18,6 +18,7 @@ from gdn._validate import GdnShapes
 from gdn.backends.eager._blocks import BlockPlan, plan_blocks, sequence_lengths
 from gdn.backends.eager.state_scan import StateScan
 from gdn.calls import GdnCall, PoolDecodeCall
+from gdn.gates import floored
 
 CHUNK = 64
 
@@ -83,7 +84,8 @@ def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2nor
         qh, kh = l2norm_fp32(qh), l2norm_fp32(kh)
     qh = qh * scale
     vb = _head_major(plan, v, HV)
-    gb, bb = _head_major(plan, g, HV), _head_major(plan, beta, HV)
+    # sums of gates over a chunk: a -inf gate (complete decay) would make them NaN (gdn.gates)
+    gb, bb = floored(_head_major(plan, g, HV)), _head_major(plan, beta, HV)
     chunks = qh.shape[0]
 
     def by_group(x: torch.Tensor) -> torch.Tensor:  # [chunks, HV, ...] -> [chunks, H, G, ...]
