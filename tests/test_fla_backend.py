@@ -358,6 +358,30 @@ def test_fused_recurrent_resolves_to_fla_when_its_probe_passes(tmp_path, monkeyp
     assert record["probe"]["passed"] is True
 
 
+def test_offsets_reach_flas_kernels_only_checked_whatever_the_check_mode(tmp_path, monkeypatch, gen):
+    """fla's kernels read cu_seqlens on the device unchecked (Backend.trusts_values): GDN_VALUE_CHECKS=0
+    still runs the host check before fla is called, and a CUDA-graph capture, where that check cannot
+    run, refuses the call."""
+    from gdn import _validate
+
+    standin = install_standin(tmp_path, monkeypatch)
+    on_host()
+    gdn.set_compute_mode("fla")
+    monkeypatch.setenv(resolver.STRICT_ENV, "1")
+    inputs = {**gdn_inputs(gen, N=3), "cu_seqlens": torch.tensor([0, 5, 5, 24])}
+    gdn.fused_recurrent_gated_delta_rule(**inputs)
+    assert gdn.resolutions()[0]["backend"] == "fla"
+    seen = len(standin.CALLS)
+    monkeypatch.setenv("GDN_VALUE_CHECKS", "0")
+    inputs["cu_seqlens"] = torch.tensor([0, 20, 5, 24])
+    with pytest.raises(ValueError, match="argument 'cu_seqlens' expected non-decreasing offsets"):
+        gdn.fused_recurrent_gated_delta_rule(**inputs)
+    monkeypatch.setattr(_validate, "_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"on backend 'fla'.*captured"):
+        gdn.fused_recurrent_gated_delta_rule(**inputs)
+    assert len(standin.CALLS) == seen  # fla never saw them
+
+
 @pytest.mark.parametrize("with_l2norm", [True, False])
 def test_l2norm_is_offered_only_when_fla_has_it(tmp_path, monkeypatch, gen, with_l2norm):
     install_standin(tmp_path, monkeypatch, with_l2norm=with_l2norm)
