@@ -148,7 +148,7 @@ def test_an_option_of_another_type_is_validated_again(gen, served):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, True)
         with pytest.raises(TypeError, match="'use_qk_l2norm_in_kernel' expected a bool, got int"):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, 1)
-        with pytest.raises(TypeError, match="'scale' expected None or a positive float, got bool"):
+        with pytest.raises(TypeError, match="'scale' expected None or a positive real number, got bool"):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), True, None, True)
     assert len(served) == 4
 

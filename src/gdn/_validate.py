@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -79,13 +80,26 @@ class deferred_value_checks:  # noqa: N801 (used as a function: `with deferred_v
             run_value_checks(self.pending, kernel_guards=False)
 
 
-def run_value_checks(pending: list[PendingCheck], *, kernel_guards: bool) -> None:
+def run_value_checks(
+    pending: list[PendingCheck], *, kernel_guards: bool, kernel_trusts: bool = False, serving: str = ""
+) -> None:
     """Run the collected value checks where they are needed: by default ("auto") only when the serving
     kernel does not guard the values itself (a kernel that does never touches memory out of range and
-    gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 never.
-    Never while a CUDA graph is being captured, where a host copy is illegal."""
+    gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 only
+    where the kernel trusts the values (`kernel_trusts`: it would read or write out of range on a bad
+    one), elsewhere never (an implementation that reads the values on the host serves a bad row NaN).
+    Never while a CUDA graph is being captured, where a host copy is illegal: a kernel that trusts the
+    values is then refused (`serving` names the op and backend in the error)."""
     mode = value_check_mode()
-    if mode == "0" or (mode == "auto" and kernel_guards) or _capturing():
+    if _capturing():
+        if kernel_trusts and pending:
+            raise RuntimeError(
+                f"{serving}: its kernel does not check slot indices or offsets, and the host checks that "
+                "stand in for it cannot run while a CUDA graph is captured; capture this call on a backend "
+                "whose kernel checks them (triton), or run it outside the graph"
+            )
+        return
+    if not kernel_trusts and (mode == "0" or (mode == "auto" and kernel_guards)):
         return
     for check, args in pending:
         check(*args)
@@ -241,9 +255,11 @@ class Checker:
         if size < 1:
             self.fail(name, f"{what} >= 1", size)
 
-    def positive_float(self, name: str, value: object, expected: str) -> float:
-        """A real, finite, positive Python number (bool excluded); returned as float."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    def positive_real(self, name: str, value: object, expected: str) -> float:
+        """A real, finite, positive number, returned as a Python float: any `numbers.Real` (int, float,
+        a numpy scalar, a Fraction), bool excluded. A tensor is refused, 0-d too: its value would be
+        read on the host (a device-to-host sync) or be unknown while torch.compile traces."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(name, expected, _type_name(value), TypeError)
         try:
             as_float = float(value)
@@ -254,9 +270,10 @@ class Checker:
         return as_float
 
     def scale(self, scale: object, head_dim: int) -> float:
-        if scale is None:
-            return head_dim**-0.5
-        return self.positive_float("scale", scale, "None or a positive float")
+        return head_dim**-0.5 if scale is None else self.given_scale(scale)
+
+    def given_scale(self, scale: object) -> float:
+        return self.positive_real("scale", scale, "None or a positive real number")
 
     def activation(self, activation: object) -> None:
         # Compare strings only: `in` on the tuple would call __eq__ of arbitrary objects (an array's is
@@ -281,16 +298,9 @@ class Checker:
             _value_check(self._offset_values, name, offsets, total, count_name)
 
     def _offset_values(self, name: str, offsets: torch.Tensor, total: int, count_name: str) -> None:
-        values = offsets.tolist()
-        if values[0] != 0:
-            self.fail(name, "first entry 0", values[0])
-        if values[-1] != total:
-            self.fail(name, f"last entry {total} (= {count_name}, the number of tokens)", values[-1])
-        for i in range(1, len(values)):
-            if values[i] < values[i - 1]:
-                self.fail(
-                    name, "non-decreasing offsets", f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
-                )
+        fault = first_offset_fault(name, offsets.tolist(), total, count_name)
+        if fault is not None:
+            self.fail(name, *fault)
 
     def slot_indices(self, name: str, indices: torch.Tensor, rows: int, pool_name: str, pool_slots: int) -> None:
         """Pool slot indices: 1-D integer [rows]; -1 skips a row; live entries in range and unique."""
@@ -301,19 +311,58 @@ class Checker:
             _value_check(self._slot_values, name, indices, pool_name, pool_slots)
 
     def _slot_values(self, name: str, indices: torch.Tensor, pool_name: str, pool_slots: int) -> None:
-        seen: dict[int, int] = {}
-        for row, slot in enumerate(indices.tolist()):
-            if slot == -1:
-                continue
-            if not 0 <= slot < pool_slots:
-                self.fail(name, f"slots in [0, {pool_slots}) of '{pool_name}' or -1 (skip)", f"{name}[{row}] = {slot}")
-            if slot in seen:
-                self.fail(
-                    name,
-                    "distinct live slots (two rows would write one pool slot)",
-                    f"{name}[{seen[slot]}] = {name}[{row}] = {slot}",
-                )
+        faults = slot_faults(indices.tolist(), pool_slots)
+        if not faults:
+            return
+        fault = faults[0]
+        if fault.earlier is None:
+            self.fail(
+                name, f"slots in [0, {pool_slots}) of '{pool_name}' or -1 (skip)", f"{name}[{fault.row}] = {fault.slot}"
+            )
+        self.fail(
+            name,
+            "distinct live slots (two rows would write one pool slot)",
+            f"{name}[{fault.earlier}] = {name}[{fault.row}] = {fault.slot}",
+        )
+
+
+def first_offset_fault(name: str, values: list[int], total: int, count_name: str = "T") -> tuple[str, str] | None:
+    """What is wrong with offsets `values` (cu_seqlens, query_start_loc) of `total` tokens, as (expected,
+    got), or None: they start at 0, end at `total` and never decrease."""
+    if values[0] != 0:
+        return "first entry 0", str(values[0])
+    if values[-1] != total:
+        return f"last entry {total} (= {count_name}, the number of tokens)", str(values[-1])
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            return "non-decreasing offsets", f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
+    return None
+
+
+@dataclass(frozen=True)
+class SlotFault:
+    """A pool slot index that a pooled op cannot serve: out of [-1, slots), or a live slot that an
+    earlier row names too (`earlier`: that row; two rows would write one slot, so neither is served)."""
+
+    row: int
+    slot: int
+    earlier: int | None = None
+
+
+def slot_faults(slots: list[int], pool_slots: int) -> list[SlotFault]:
+    """The faults of one call's slot indices (-1 skips a row), in row order."""
+    faults: list[SlotFault] = []
+    seen: dict[int, int] = {}
+    for row, slot in enumerate(slots):
+        if slot == -1:
+            continue
+        if not 0 <= slot < pool_slots:
+            faults.append(SlotFault(row, slot))
+        elif slot in seen:
+            faults.append(SlotFault(row, slot, seen[slot]))
+        else:
             seen[slot] = row
+    return faults
 
 
 @dataclass(frozen=True)
@@ -571,7 +620,7 @@ def check_l2norm_inputs(x, eps) -> None:
     c.float_dtype("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
         c.fail("x", "a tensor with a last dimension of size >= 1", f"shape {_shape(x)}")
-    c.positive_float("eps", eps, "a positive float")
+    c.positive_real("eps", eps, "a positive real number")
 
 
 @remember_accepted

@@ -21,7 +21,16 @@ import torch
 
 from gdn import _validate as check
 from gdn.calls import PREPARE, Call
-from gdn.resolve import Resolution, decided, for_call, guards_values, last_route, record_route, resolve
+from gdn.resolve import (
+    Resolution,
+    decided,
+    for_call,
+    guards_values,
+    last_route,
+    record_route,
+    resolve,
+    trusts_values,
+)
 from gdn.tensor_metadata import SameMetadata, metadata
 
 # the ops that may have a prepared step, and how many leading positional arguments are its tensors
@@ -63,7 +72,12 @@ def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Ca
     with check.deferred_value_checks() as value_checks:
         call = PREPARE[name](*args, **kwargs)
     backend, fn = for_call(resolve(name, call.device, call), call)
-    check.run_value_checks(value_checks, kernel_guards=guards_values(backend, name))
+    check.run_value_checks(
+        value_checks,
+        kernel_guards=guards_values(backend, name),
+        kernel_trusts=trusts_values(backend, name),
+        serving=f"{name} on backend '{backend}'",
+    )
     return call, backend, fn
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from gdn import _validate as check
@@ -384,9 +385,22 @@ def call(public: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     malformed = len(args) > len(binding.positional) or not binding.names.issuperset(kwargs)
     if malformed or any(values.get(n) is not binding.defaults.get(n) for n in binding.extras):
         PREPARE[public](*args, **kwargs)
+    scale = values.get("scale")
+    if scale is not None and type(scale) is not float:
+        values["scale"] = _given_scale(public, scale)
     op = _library_op(public, values)
     outputs = CUSTOM[op.name](*(values[n] for n in op.names))
     return _public_result(op, values, outputs)
+
+
+def _given_scale(public: str, scale: object) -> float:
+    """A scale other than a float, validated as outside a graph, as the float the schema takes. Dynamo
+    first traces a numpy scalar as a 0-d array of data: float() of it is data-dependent, and Dynamo
+    traces again with the scalar as a constant (one graph, specialized on the value). Under
+    fullgraph=True it cannot, and reports the data-dependent value: pass a Python float there."""
+    if isinstance(scale, np.ndarray):
+        scale = float(scale)
+    return check.Checker(public).given_scale(scale)
 
 
 def _library_op(public: str, values: dict[str, Any]) -> LibraryOp:

@@ -134,6 +134,11 @@ def guards_values(backend: str, op: str) -> bool:
     return op in _registry()[backend].guards_values
 
 
+def trusts_values(backend: str, op: str) -> bool:
+    """Whether `backend`'s kernel for `op` takes those values unchecked (Backend.trusts_values)."""
+    return op in _registry()[backend].trusts_values
+
+
 def modes() -> list[str]:
     return [AUTO, *backends()]
 

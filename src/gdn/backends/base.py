@@ -47,6 +47,12 @@ class Backend:
     # repeated, offsets out of order): they never touch memory out of range and give those rows NaN, so
     # the host checks that read those values (a device-to-host sync per call) are skipped for them
     guards_values: frozenset[str] = frozenset()
+    # ops whose implementation hands index or offset values to a kernel that does not check them and
+    # would read or write out of range on a bad one (a peer's kernel, a grid planned from the offsets):
+    # their host value checks run whatever GDN_VALUE_CHECKS says, and during CUDA-graph capture, where
+    # they cannot, such a call is refused. An op in neither set reads the values on the host itself and
+    # serves a bad row NaN without the checks.
+    trusts_values: frozenset[str] = frozenset()
     # the numeric probe's input dtype (None: fp32) and (K, V) head dims (None: small defaults), for
     # kernels that take only half precision or only some head sizes
     probe_dtype: Any = None

@@ -26,6 +26,7 @@ import torch
 from gdn.backends import fla_dispatch
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall, L2NormCall
+from gdn.gates import floored
 
 NAME = "fla"
 # The probe runs fp32 inputs. Most of fla's tl.dot calls keep Triton's default TF32 (operands rounded to
@@ -46,10 +47,12 @@ def _load() -> OpTable:
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
 
     def chunk_gated_delta_rule(call: GdnCall):
-        return fla_chunk(call.q, call.k, call.v, **_fla_kwargs(call))
+        # fla's chunk kernels take differences of cumulative gates: a -inf gate is raised to the floor
+        # first (gdn.gates); its recurrent kernel takes exp(g) per token, -inf as it is
+        return fla_chunk(call.q, call.k, call.v, **_fla_kwargs(call, floored(call.g)))
 
     def fused_recurrent_gated_delta_rule(call: GdnCall):
-        return fla_recurrent(call.q, call.k, call.v, **_fla_kwargs(call))
+        return fla_recurrent(call.q, call.k, call.v, **_fla_kwargs(call, call.g))
 
     ops: dict = {
         "chunk_gated_delta_rule": chunk_gated_delta_rule,
@@ -68,11 +71,11 @@ def _load() -> OpTable:
     return ops
 
 
-def _fla_kwargs(call: GdnCall) -> dict:
-    """Our validated call as fla's keyword arguments after v (shapes need no translation: fla reads
-    them off the tensors, and GdnShapes already checked they agree)."""
+def _fla_kwargs(call: GdnCall, g: torch.Tensor) -> dict:
+    """Our validated call, with the gates `g`, as fla's keyword arguments after v (shapes need no
+    translation: fla reads them off the tensors, and GdnShapes already checked they agree)."""
     return dict(
-        g=call.g,
+        g=g,
         beta=call.beta,
         scale=call.scale,
         initial_state=call.initial_state,
@@ -96,6 +99,8 @@ def make_backend() -> Backend:
         route=_route,
         probe_tolerance=PROBE_TOLERANCE,
         watch=fla_dispatch.watching,
+        # fla's kernels read cu_seqlens on the device unchecked
+        trusts_values=frozenset({"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"}),
     )
 
 

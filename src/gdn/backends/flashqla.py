@@ -29,6 +29,7 @@ import torch
 from gdn import kernel_log
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall
+from gdn.gates import floored
 
 NAME = "flashqla"
 OP = "chunk_gated_delta_rule"
@@ -72,7 +73,8 @@ def _load() -> OpTable:
             call.v,
             # FlashQLA keeps the gate's cumulative sums in g's dtype and asserts an fp32 dg in its
             # backward; our contract admits a half-precision g, which the cast turns into its gradient.
-            call.g.float(),
+            # Its chunk kernels take differences of those sums: a -inf gate is floored (gdn.gates).
+            floored(call.g.float()),
             call.beta,
             scale=call.scale,
             initial_state=initial_state,
@@ -166,4 +168,5 @@ def make_backend() -> Backend:
         probe_head_dims=(HEAD_DIM, HEAD_DIM),
         probe_outside_limits=(HEAD_DIM // 2, HEAD_DIM // 2),
         watch=watching,
+        trusts_values=frozenset({OP}),  # its kernels read cu_seqlens on the device unchecked
     )

@@ -84,4 +84,7 @@ def make_backend() -> AscendcBackend:
         probe_tolerance=PROBE_TOLERANCE,
         # npu_recurrent_gated_delta_rule has no backward: calls that need gradients run eager
         forward_only=frozenset(routes.RECURRENT_OPS),
+        # the kernels take cu_seqlens as host lists unchecked; the pooled ops (the conv's varlen form, the
+        # pool decode) read slots and offsets on the host and serve a bad row NaN (gdn.pool_rows)
+        trusts_values=frozenset({routes.CHUNK_OP, "fused_recurrent_gated_delta_rule"}),
     )

@@ -24,4 +24,8 @@ EAGER = Backend(
         "fused_gdn_gating": fused_gdn_gating,
     },
     needs_probe=False,
+    # cu_seqlens go into the block plan unchecked (sums that do not match the tokens give a wrong
+    # answer, or an index error); the pooled ops read slots and offsets on the host and serve a bad row
+    # NaN (gdn.pool_rows)
+    trusts_values=frozenset({"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"}),
 )

@@ -43,9 +43,19 @@ FORWARD_ONLY = frozenset(
     }
 )
 
-# The decode kernels check the pool slots and cu_seqlens on the device (decode.py), so a serving step
-# never reads them on the host.
-GUARDS_VALUES = frozenset({"fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"})
+# The decode and conv kernels check the pool slots and offsets on the device (decode.py, conv.py), so a
+# serving step never reads them on the host. The chunk kernels index tokens by the chunk tables planned
+# from cu_seqlens on the host (chunk_index.py): offsets out of order would send them out of range, so
+# its host checks always run (they read what the plan reads anyway).
+GUARDS_VALUES = frozenset(
+    {
+        "fused_recurrent_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule_update",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+    }
+)
+TRUSTS_VALUES = frozenset({"chunk_gated_delta_rule"})
 
 
 def _check(device_type: str) -> str | None:
@@ -106,5 +116,6 @@ def make_backend() -> Backend:
         probe_tolerance=PROBE_TOLERANCE,
         forward_only=FORWARD_ONLY,
         guards_values=GUARDS_VALUES,
+        trusts_values=TRUSTS_VALUES,
         compile_ahead=_compile_ahead,
     )
