@@ -17,6 +17,7 @@ import textwrap
 import pytest
 
 from gdn.backends import torch_npu_chunk
+from gdn.gates import GATE_FLOOR
 from standins import harness
 
 pytestmark = pytest.mark.single_op
@@ -67,6 +68,15 @@ CHILD = """
                 "query_norm": call["query"].float().norm(dim=-1).mean().item(),
                 "g_dtype": str(call["g"].dtype),
             }
+        # complete decay (g = -inf) mid-chunk and on a chunk's last token: the recurrence's answer
+        args, kw = inputs()
+        args[3][:, [5, 63]] = float("-inf")
+        o, final = gdn.chunk_gated_delta_rule(*args, **kw)
+        found["complete_decay_route"] = resolver.last_route()
+        found["complete_decay_lowest_gate"] = torch_npu.CALLS[-1]["g"].min().item()
+        with resolver.compute_mode_override("eager"):
+            o_ref, final_ref = gdn.chunk_gated_delta_rule(*args, **kw)
+        found["complete_decay"] = [rel(o, o_ref), rel(final, final_ref)]
         calls_before = len(torch_npu.CALLS)
         for name, kwargs in (
             ("fp32_state", dict(state_dtype=torch.float32)),
@@ -108,6 +118,15 @@ def test_bf16_calls_run_the_fused_op_in_its_layout(child, layout):
     assert found["lengths"] == ([100, 100] if layout == "dense" else [1, 63, 66])
     assert found["query_norm"] == pytest.approx(1.0, abs=1e-2)  # l2-normalised before the op, as vllm-ascend does
     assert found["g_dtype"] == "torch.float32"
+
+
+def test_complete_decay_reaches_the_op_floored_and_gives_the_recurrences_answer(child):
+    """The op chunks the sequence and takes differences of cumulative gates, where -inf - -inf is NaN:
+    the adapter hands it gdn's floor instead (the stand-in computes with eager, which floors itself, so
+    what the op was handed is what tells)."""
+    assert child["complete_decay_route"].startswith("torch_npu:")
+    assert child["complete_decay_lowest_gate"] == GATE_FLOOR
+    assert max(child["complete_decay"]) < 2e-2  # within bf16 rounding of eager
 
 
 def test_what_the_op_cannot_take_is_refused_on_record_and_runs_eager(child):

@@ -27,6 +27,7 @@ import torch
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import GdnCall
+from gdn.gates import floored
 
 NAME = "torch_npu"
 OP = "chunk_gated_delta_rule"
@@ -145,7 +146,8 @@ def _load() -> OpTable:
             initial_state=state,
             actual_seq_lengths=lengths,
             scale=call.scale,
-            g=call.g.float().reshape(B * T, HV).contiguous(),
+            # the op chunks the sequence and takes differences of cumulative gates: -inf is floored (gdn.gates)
+            g=floored(call.g.float()).reshape(B * T, HV).contiguous(),
         )
         final_state = final.transpose(-1, -2).float() if call.output_final_state else None
         return out.reshape(B, T, HV, V), final_state
@@ -184,4 +186,5 @@ def make_backend() -> Backend:
         probe_dtype=torch.bfloat16,
         probe_head_dims=CONTRACT.head_dims,
         forward_only=frozenset({OP}),
+        trusts_values=frozenset({OP}),  # the op reads the sequence lengths on the device unchecked
     )
