@@ -224,11 +224,17 @@ def test_run_command_takes_a_runtime_and_refuses_one_the_cell_cannot_have(tmp_pa
     assert main(["run", "plain", "--runtime", "docker", *common]) == 2
     assert "cell 'plain' cannot run in the docker runtime: " in capsys.readouterr().err
     assert not (results / "plain").exists()
-    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime
+    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime;
+    # like its nox session (skipped) the command succeeds, unless a run is required
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GDN_HOST_ROOT", str(tmp_path / "no-gpu"))
-        assert main(["run", "cuda-x", "--runtime", "host", *common]) == EXIT_NOT_RUN
-    assert outcome(results, "cuda-x")["runtime"] == "host"
+        patch.delenv("GDN_REQUIRE_RUN", raising=False)
+        assert main(["run", "cuda-x", "--runtime", "host", *common]) == 0
+        assert outcome(results, "cuda-x")["runtime"] == "host"
+        assert main(["run", "cuda-x", "--require-run", *common]) == EXIT_NOT_RUN
+        patch.setenv("GDN_REQUIRE_RUN", "1")
+        assert main(["run", "cuda-x", *common]) == EXIT_NOT_RUN
+    assert outcome(results, "cuda-x")["status"] == "not_run"
 
 
 def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_path):

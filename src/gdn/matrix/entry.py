@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1"}
+    # unbuffered: a container's or a CI log shows the tests as they finish, not all at once at the end
+    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     # The source may be mounted read-only: run from a scratch directory (hypothesis keeps its
     # database in the working directory).
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gdn-cell-{args.cell}"
