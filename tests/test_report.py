@@ -883,3 +883,27 @@ def test_unmarked_records_that_are_only_skips_get_no_family_column(report):
     assert "| unmarked |" not in report_mod.render_markdown(report)
     cell["families"]["unmarked"] = {"passed": 1, "failed": 0, "error": 0, "skipped": 3, "total": 4}
     assert report_mod.report_families(report)[-1] == "unmarked"
+
+
+def test_a_cpu_cell_that_ran_beside_a_gpu_is_shown_and_checked_on_the_gpu():
+    """The host cell on a GPU machine: its kernels ran on the GPU, where its expectations are read;
+    on a machine without one it stays a cpu cell."""
+    resolution = {"l2norm": {"cpu": {"backend": "eager"}, "cuda": {"backend": "triton", "route": "triton:bundled"}}}
+    assert report_mod.primary_device("cpu", resolution) == "cuda"
+    assert report_mod.primary_device("cpu", {"l2norm": {"cpu": {"backend": "triton"}}}) == "cpu"
+    cell = parse_matrix(
+        {
+            "schema": 1,
+            "cells": [
+                {
+                    "name": "local",
+                    "device": "cpu",
+                    "runtime": "host",
+                    "compute_mode": "triton",
+                    "expect": [{"op": "l2norm", "backend": "triton"}],
+                }
+            ],
+        }
+    ).cells[0]
+    entry = {"device": "cpu", "status": "passed", "resolution": resolution}
+    assert report_mod.expectations(cell, entry)[0]["ok"] is True

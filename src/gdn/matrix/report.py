@@ -123,11 +123,16 @@ def _accelerator(device: str | None) -> devices.DeviceKind | None:
 
 def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
     """The torch device of the cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU
-    cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own."""
+    cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own.
+    A cpu cell that ran on a machine with an accelerator (the host cell on a GPU box) is shown there:
+    that is where its kernels ran."""
     kind = _kind(device)
     if not resolution:
         return kind.torch_type if kind else device or "cpu"
     accelerator = _accelerator(device)
+    if accelerator is None and kind is not None:
+        seen = {torch_type for per_device in resolution.values() for torch_type in per_device}
+        accelerator = next((k for k in devices.KINDS.values() if k.accelerator and k.torch_type in seen), None)
     if accelerator and any(accelerator.torch_type in per_device for per_device in resolution.values()):
         return accelerator.torch_type
     return "cpu"
