@@ -48,6 +48,7 @@ ROOT = Path(__file__).parent
 sys.path.insert(0, str(ROOT / "src"))
 
 from gdn.matrix import devices, torch_source  # noqa: E402 - needs src/
+from gdn.matrix.cli import EXIT_NOT_RUN, REQUIRE_RUN_ENV  # noqa: E402
 from gdn.matrix.config import (  # noqa: E402
     MATRIX_ENV,
     WHEELHOUSE_ENV,
@@ -69,10 +70,6 @@ except MatrixConfigError as exc:
     MATRIX, MATRIX_ERROR = None, str(exc)
     print(f"nox: the matrix cannot be used, its cell sessions are left out: {exc}", file=sys.stderr)
 WHEELHOUSE = wheelhouse_dir(MATRIX, ROOT) if MATRIX else Path(os.environ.get(WHEELHOUSE_ENV) or ROOT / "wheelhouse")
-EXIT_NOT_RUN = 3  # gdn.matrix.cli: the cell could not run here
-# GDN_REQUIRE_RUN=1: a session that cannot run here (a cell without its device or docker engine, the
-# kernels without torch's CPU build) fails instead of being skipped, for CI that expects them to run
-REQUIRE_RUN_ENV = "GDN_REQUIRE_RUN"
 
 # The Triton versions the matrix carries: triton-ascend's 3.2, the GPU stack's 3.6 and the index's
 # latest, 3.9 (no block pointers). The kernels run under TRITON_INTERPRET=1 on the CPU.
@@ -109,7 +106,7 @@ def _announce(session: nox.Session, source: torch_source.TorchSource) -> None:
         (session.warn if source.fallback else session.log)(source.description)
 
 
-def install(session: nox.Session, *requirements: str, gpu: bool = False) -> torch_source.TorchSource:
+def install(session: nox.Session, *requirements: str, gpu: bool = False) -> None:
     """torch from its source, then `requirements` against the sessions' constraints, then `uv pip check`.
     torch goes first, alone: an index chosen for it (`--torch-backend`) would otherwise serve Triton
     too, and the CPU index has not every Triton."""
@@ -119,11 +116,11 @@ def install(session: nox.Session, *requirements: str, gpu: bool = False) -> torc
     session.install("-c", CONSTRAINTS, source.requirement, *source.install_args, env=without_backend)
     session.install("-c", CONSTRAINTS, *requirements, env=without_backend)
     session.run("uv", "pip", "check", silent=True)
-    return source
 
 
 def cannot_run(session: nox.Session, reason: str) -> None:
-    """Skip the session with the reason, or fail it where GDN_REQUIRE_RUN=1 asks every session to run."""
+    """Skip the session with the reason, or fail it where GDN_REQUIRE_RUN=1 asks every session to run
+    (CI that expects a cell's device or docker engine, or torch's CPU build for the kernels, to be there)."""
     if os.environ.get(REQUIRE_RUN_ENV) == "1":
         session.error(f"{reason} ({REQUIRE_RUN_ENV}=1: a session that cannot run here fails)")
     session.skip(reason)
@@ -169,6 +166,7 @@ def kernels(session: nox.Session, triton: str) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
+    """ruff's checks and format check over the whole checkout."""
     session.install("-c", CONSTRAINTS, *SESSION_TOOLS)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
