@@ -70,6 +70,22 @@ def test_passing_host_cell_writes_every_result(tmp_path):
     assert 'name="test_fine"' in (results / "good" / "junit.xml").read_text()
 
 
+def test_a_probe_mode_is_the_probes_alone_and_the_tests_keep_the_compute_mode(tmp_path):
+    """The local cell probes under triton (the kernels must serve every op) while its tests run in
+    auto: each step sees its own mode."""
+    results = tmp_path / "results"
+    root = source_tree(tmp_path, "ok")
+    (root / "tests" / "test_x.py").write_text(
+        "import os\nimport pytest\n\n@pytest.mark.probe\ndef test_mode():\n"
+        "    assert os.environ['GDN_COMPUTE_MODE'] == 'auto'\n"
+    )
+    matrix = matrix_of(host_cell("probed", probe_mode="eager"))
+    run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    assert outcome(results, "probed")["status"] == "passed"
+    records = json.loads((results / "probed" / "resolution.json").read_text())
+    assert records and {r["requested_mode"] for r in records} == {"eager"}
+
+
 def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path):
     results = tmp_path / "results"
     run(tmp_path, "ok", host_cell("good"), results)

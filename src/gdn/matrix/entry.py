@@ -3,7 +3,7 @@ cell's test families under pytest with JUnit output, then the optional benchmark
 the output directory (see gdn.matrix.results); the exit status says how it went:
 0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
 
-    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
+    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--probe-mode M] [--bench]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
             "manifest",
             [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
             scratch,
-            env,
+            {**env, "GDN_COMPUTE_MODE": args.probe_mode or args.mode},
         )
     ]
     manifest_path = args.out / "manifest.json"
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the cell's results directory")
     parser.add_argument("--families", type=_families, default=list(FAMILY_MARKERS))
     parser.add_argument("--mode", default="auto", help="gdn compute mode for the probe and the tests")
+    parser.add_argument("--probe-mode", help="gdn compute mode for the probe alone (default: --mode)")
     parser.add_argument("--bench", action="store_true", help="also run the benchmarks (GPU cells)")
     parser.add_argument("--tests", type=Path, default=SOURCE_ROOT / "tests")
     return parser
