@@ -430,3 +430,14 @@ def test_a_library_printing_on_import_leaves_the_childs_result_intact(tmp_path: 
     env["PYTHONPATH"] = os.pathsep.join([str(noisy), env["PYTHONPATH"]])
     manifest = harness.run_json(env, "gdn.manifest")
     assert manifest["fla_npu"]["import"]["ok"] is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU driver")
+def test_a_machine_without_a_gpu_says_no_gpu_driver():
+    """Triton's own words there are "0 active drivers ([]). There should only be one.", which reads as
+    a breakage; the manifest says what it means."""
+    section = gdn_manifest.triton_section()
+    assert section["active_backend"] is None
+    assert section["active_backend_error"] == gdn_manifest.NO_DRIVER
+    assert section["active_backend_error"].startswith("no GPU driver")

@@ -70,6 +70,22 @@ def test_passing_host_cell_writes_every_result(tmp_path):
     assert 'name="test_fine"' in (results / "good" / "junit.xml").read_text()
 
 
+def test_a_probe_mode_is_the_probes_alone_and_the_tests_keep_the_compute_mode(tmp_path):
+    """The local cell probes under triton (the kernels must serve every op) while its tests run in
+    auto: each step sees its own mode."""
+    results = tmp_path / "results"
+    root = source_tree(tmp_path, "ok")
+    (root / "tests" / "test_x.py").write_text(
+        "import os\nimport pytest\n\n@pytest.mark.probe\ndef test_mode():\n"
+        "    assert os.environ['GDN_COMPUTE_MODE'] == 'auto'\n"
+    )
+    matrix = matrix_of(host_cell("probed", probe_mode="eager"))
+    run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    assert outcome(results, "probed")["status"] == "passed"
+    records = json.loads((results / "probed" / "resolution.json").read_text())
+    assert records and {r["requested_mode"] for r in records} == {"eager"}
+
+
 def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path):
     results = tmp_path / "results"
     run(tmp_path, "ok", host_cell("good"), results)
@@ -224,11 +240,17 @@ def test_run_command_takes_a_runtime_and_refuses_one_the_cell_cannot_have(tmp_pa
     assert main(["run", "plain", "--runtime", "docker", *common]) == 2
     assert "cell 'plain' cannot run in the docker runtime: " in capsys.readouterr().err
     assert not (results / "plain").exists()
-    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime
+    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime;
+    # like its nox session (skipped) the command succeeds, unless a run is required
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GDN_HOST_ROOT", str(tmp_path / "no-gpu"))
-        assert main(["run", "cuda-x", "--runtime", "host", *common]) == EXIT_NOT_RUN
-    assert outcome(results, "cuda-x")["runtime"] == "host"
+        patch.delenv("GDN_REQUIRE_RUN", raising=False)
+        assert main(["run", "cuda-x", "--runtime", "host", *common]) == 0
+        assert outcome(results, "cuda-x")["runtime"] == "host"
+        assert main(["run", "cuda-x", "--require-run", *common]) == EXIT_NOT_RUN
+        patch.setenv("GDN_REQUIRE_RUN", "1")
+        assert main(["run", "cuda-x", *common]) == EXIT_NOT_RUN
+    assert outcome(results, "cuda-x")["status"] == "not_run"
 
 
 def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_path):

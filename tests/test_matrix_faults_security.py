@@ -151,6 +151,7 @@ def test_a_symlink_out_of_the_checkout_or_wheelhouse_is_refused(tmp_path, monkey
             r"cell 'npu-266': key 'expect\.0\.backend': .*unknown backend 'ascend'",
         ),
         ("cpu", {"compute_mode": "fast"}, r"cell 'cpu': key 'compute_mode': .*unknown compute mode 'fast'"),
+        ("cpu", {"probe_mode": "fast"}, r"cell 'cpu': key 'probe_mode': .*unknown compute mode 'fast'"),
         (
             "cuda-triton36",
             {"runner_labels": ["ubuntu-24.04"]},

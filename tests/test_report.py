@@ -104,8 +104,10 @@ NPU_MANIFEST: dict[str, Any] = {
 ASCENDC_REJECTED = "probe: output is all zeros (relative error 1.0 > 0.001)"
 
 
-def _record(op: str, device: str, route: str, rejected: list[tuple[str, str]] = ()) -> dict[str, Any]:
-    return {
+def _record(
+    op: str, device: str, route: str, rejected: list[tuple[str, str]] = (), not_candidates: list[dict[str, str]] = ()
+) -> dict[str, Any]:
+    record = {
         "op": op,
         "device": device,
         "requested_mode": "auto",
@@ -115,9 +117,18 @@ def _record(op: str, device: str, route: str, rejected: list[tuple[str, str]] = 
         "probe": None,
         "rejected": [{"backend": b, "route": None, "reason": r, "probe": None} for b, r in rejected],
     }
+    # records written before the resolver named the backends it never tried have no such key
+    return {**record, "not_candidates": list(not_candidates)} if not_candidates else record
 
 
-CPU_RESOLUTION = [_record(op, "cpu", "eager") for op in OP_NAMES]
+# what gdn.resolve records on cpu in auto mode
+CPU_NOT_CANDIDATES = [
+    {"backend": "ascendc", "reason": "auto tries it on npu only; GDN_COMPUTE_MODE=ascendc selects it"},
+    {"backend": "triton", "reason": "auto tries it on cuda, npu only; GDN_COMPUTE_MODE=triton selects it"},
+    {"backend": "fla", "reason": "serves cuda, npu, not cpu"},
+    {"backend": "flashqla", "reason": "serves cuda, not cpu"},
+]
+CPU_RESOLUTION = [_record(op, "cpu", "eager", not_candidates=CPU_NOT_CANDIDATES) for op in OP_NAMES]
 NPU_RESOLUTION = [
     *CPU_RESOLUTION,
     _record("chunk_gated_delta_rule", "npu", "eager", [("ascendc", ASCENDC_REJECTED)]),
@@ -296,7 +307,10 @@ CPU_VERSIONS = {
     "triton_flavour": "triton",
     "transformers": "5.24.0",
 }
-CPU_RESOLUTION_MAP = {op: {"cpu": {"backend": "eager", "route": "eager", "rejected": []}} for op in OP_NAMES}
+CPU_RESOLUTION_MAP = {
+    op: {"cpu": {"backend": "eager", "route": "eager", "rejected": [], "not_candidates": CPU_NOT_CANDIDATES}}
+    for op in OP_NAMES
+}
 
 
 def test_report_header_and_cell_order(report):
@@ -388,10 +402,20 @@ def test_failed_cell_on_stand_ins(report):
         "transformers": "5.24.0",
     }
     assert cell["resolution"]["chunk_gated_delta_rule"] == {
-        "cpu": {"backend": "eager", "route": "eager", "rejected": []},
-        "npu": {"backend": "eager", "route": "eager", "rejected": [{"backend": "ascendc", "reason": ASCENDC_REJECTED}]},
+        "cpu": {"backend": "eager", "route": "eager", "rejected": [], "not_candidates": CPU_NOT_CANDIDATES},
+        "npu": {
+            "backend": "eager",
+            "route": "eager",
+            "rejected": [{"backend": "ascendc", "reason": ASCENDC_REJECTED}],
+            "not_candidates": [],
+        },
     }
-    assert cell["resolution"]["l2norm"]["npu"] == {"backend": "triton", "route": "triton:bundled", "rejected": []}
+    assert cell["resolution"]["l2norm"]["npu"] == {
+        "backend": "triton",
+        "route": "triton:bundled",
+        "rejected": [],
+        "not_candidates": [],
+    }
     assert cell["resolution"]["fused_gdn_gating"]["npu"] == {
         "backend": None,
         "route": None,
@@ -563,23 +587,31 @@ def test_markdown(report):
     cells = _md_section(md, "Cells")
     assert "| cell | status | device | card | runtime | lock | duration | reason |" in cells
     assert _md_row(cells, "npu-absent") == (
-        "| npu-absent | ⚪ not_run | npu | — | docker | — | — | no results: never run; "
+        "| npu-absent | ⚪ not run | npu | — | docker | — | — | no results: never run; "
         "needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine |"
     )
     assert (
         _md_row(cells, "cuda-build")
-        == "| cuda-build | 🧱 build_failed | cuda | — | docker | — | — | docker build exited 1 |"
+        == "| cuda-build | 🧱 build failed | cuda | — | docker | — | — | docker build exited 1 |"
     )
     timeout_row = "| cpu-timeout | ⏱️ timeout | cpu | — | host | — | 60 s | timed out after 60 s |"
     assert _md_row(cells, "cpu-timeout") == timeout_row
 
     routes = _md_section(md, "Resolved backends")
-    assert "| cell | " + " | ".join(OP_NAMES) + " |" in routes
-    assert _md_row(routes, "cpu-ok (cpu)") == "| cpu-ok (cpu) | " + " | ".join(["eager"] * len(OP_NAMES)) + " |"
+    assert "| cell | " + " | ".join(OP_NAMES) + " | not candidates |" in routes
+    # why each backend was never tried, once per backend though every op says it
+    assert _md_row(routes, "cpu-ok (cpu)") == (
+        "| cpu-ok (cpu) | "
+        + " | ".join(["eager"] * len(OP_NAMES))
+        + " | ascendc: auto tries it on npu only; GDN_COMPUTE_MODE=ascendc selects it; triton: auto tries it on "
+        "cuda, npu only; GDN_COMPUTE_MODE=triton selects it; fla: serves cuda, npu, not cpu; flashqla: serves "
+        "cuda, not cpu |"
+    )
     # the npu cell is shown on its npu, where ascendc was rejected and one op failed to resolve
     npu = _md_row(routes, "npu-fail (npu)")
     assert npu.startswith("| npu-fail (npu) | eager (ascendc rejected) | — | — | — | — | triton:bundled | error |")
-    assert _md_row(routes, "npu-absent (npu)") == "| npu-absent (npu) | " + " | ".join(["—"] * len(OP_NAMES)) + " |"
+    nothing = " | ".join(["—"] * (len(OP_NAMES) + 1))  # every op, and no backend passed over
+    assert _md_row(routes, "npu-absent (npu)") == f"| npu-absent (npu) | {nothing} |"
     assert _md_row(routes, "orphan (cpu) †").startswith("| orphan (cpu) † | eager |")
     assert "† the cell's accelerator was not visible" in routes
 
@@ -841,3 +873,49 @@ def test_the_cells_table_shows_the_lock_digest_of_an_image_cell(tmp_path):
     row = _md_row(_md_section(report_mod.render_markdown(report), "Cells"), "cpu-image")
     assert "| docker | 0123456789ab |" in row
     assert f'<td title="{digest}">0123456789ab</td>' in report_mod.render_html(report)
+
+
+def test_each_state_reads_as_one_word_and_why_a_backend_was_not_tried_is_shown(report):
+    """A cell not run shows "not run" everywhere (torch_npu's MISSING stays in report.json's verdict),
+    and the resolution table says why the backends that were never candidates were not tried."""
+    html = report_mod.render_html(report)
+    assert _cell(report, "npu-absent")["verdict"] == "MISSING"
+    assert "MISSING" not in html and ">not_run<" not in html and ">build_failed<" not in html
+    assert '<span class="badge s-not_run">not run</span>' in html
+    assert "<th>not candidates</th>" in html
+    assert "fla: serves cuda, npu, not cpu" in html
+
+
+def test_unmarked_records_that_are_only_skips_get_no_family_column(report):
+    """Modules a cell cannot import are skipped at collection, before any marker is read: those records
+    are no family's tests. An unmarked test that ran is shown."""
+    cell = _cell(report, "cpu-ok")
+    cell["families"]["unmarked"] = {"passed": 0, "failed": 0, "error": 0, "skipped": 3, "total": 3}
+    assert "unmarked" not in report_mod.report_families(report)
+    assert "| unmarked |" not in report_mod.render_markdown(report)
+    cell["families"]["unmarked"] = {"passed": 1, "failed": 0, "error": 0, "skipped": 3, "total": 4}
+    assert report_mod.report_families(report)[-1] == "unmarked"
+
+
+def test_a_cpu_cell_that_ran_beside_a_gpu_is_shown_and_checked_on_the_gpu():
+    """The host cell on a GPU machine: its kernels ran on the GPU, where its expectations are read;
+    on a machine without one it stays a cpu cell."""
+    resolution = {"l2norm": {"cpu": {"backend": "eager"}, "cuda": {"backend": "triton", "route": "triton:bundled"}}}
+    assert report_mod.primary_device("cpu", resolution) == "cuda"
+    assert report_mod.primary_device("cpu", {"l2norm": {"cpu": {"backend": "triton"}}}) == "cpu"
+    cell = parse_matrix(
+        {
+            "schema": 1,
+            "cells": [
+                {
+                    "name": "local",
+                    "device": "cpu",
+                    "runtime": "host",
+                    "compute_mode": "triton",
+                    "expect": [{"op": "l2norm", "backend": "triton"}],
+                }
+            ],
+        }
+    ).cells[0]
+    entry = {"device": "cpu", "status": "passed", "resolution": resolution}
+    assert report_mod.expectations(cell, entry)[0]["ok"] is True

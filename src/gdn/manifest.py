@@ -97,10 +97,18 @@ def torch_section() -> Section:
     }
 
 
+NO_DRIVER = "no GPU driver: none of Triton's backends finds a device here"
+
+
 def _triton_target(section: Section) -> None:
     try:
+        from triton.backends import backends
         from triton.runtime import driver
 
+        # Triton says "0 active drivers ... There should only be one" where there is no GPU at all
+        if not any(backend.driver.is_active() for backend in backends.values()):
+            section.update(active_backend=None, arch=None, active_backend_error=NO_DRIVER)
+            return
         target = driver.active.get_current_target()
     except Exception as exc:  # no GPU or NPU, no driver, or one that fails to initialise
         section.update(active_backend=None, arch=None, active_backend_error=describe_error(exc))

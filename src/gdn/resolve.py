@@ -64,6 +64,8 @@ class Resolution:
     remaining: list[Backend] = field(default_factory=list, repr=False)
     where: torch.device | None = field(default=None, repr=False)
     fallback: Resolution | None = field(default=None, repr=False)
+    # the registered backends that were never tried, and why: {"backend", "reason"}
+    not_candidates: list[dict[str, str]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -76,6 +78,7 @@ class Resolution:
             "probe": self.probe,
             "forward_only": self.forward_only,
             "rejected": [vars(r) for r in self.rejected],
+            "not_candidates": self.not_candidates,
             "refusals": [
                 {"reason": reason, "count": count, "served_by": self.fallback.route if self.fallback else None}
                 for reason, count in self.refusals.items()
@@ -187,6 +190,25 @@ def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
     return [*ranked, registry[EAGER]]
 
 
+def _not_candidates(device_type: str, mode: str, candidates: list[Backend]) -> list[dict[str, str]]:
+    """Why each registered backend outside `candidates` was never tried, from what the registry knows
+    without loading any backend: the mode asked for another, or auto does not try it on this device."""
+    tried = {b.name for b in candidates}
+    passed_over = []
+    for backend in _registry().values():
+        if backend.name in tried:
+            continue
+        if mode != AUTO:
+            reason = f"not requested: compute mode {mode}"
+        elif device_type not in backend.devices:
+            reason = f"serves {', '.join(backend.devices)}, not {device_type}"
+        else:
+            ranked = ", ".join(backend.auto_rank) or "no device"
+            reason = f"auto tries it on {ranked} only; {MODE_ENV}={backend.name} selects it"
+        passed_over.append({"backend": backend.name, "reason": reason})
+    return passed_over
+
+
 def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend], like: Call | None) -> Resolution:
     from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
 
@@ -224,6 +246,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
         if reason is None:
             res = Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
             res.remaining, res.where = candidates[position + 1 :], device
+            res.not_candidates = _not_candidates(device_type, mode, candidates)
             return res
         rejected.append(Rejection(backend.name, route, reason, probe))
         if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):

@@ -124,6 +124,7 @@ class CellLog:
 def entry_command(cell: Cell, out: Path, source: Path, python: str = "python") -> list[str]:
     command = [python, "-m", "gdn.matrix.entry", "--cell", cell.name, "--out", str(out), "--end-with-stdin"]
     command += ["--families", ",".join(cell.families), "--mode", cell.compute_mode, "--tests", str(source / "tests")]
+    command += ["--probe-mode", cell.probe_mode] if cell.probe_mode else []
     return command + (["--bench"] if cell.bench else [])
 
 

@@ -253,6 +253,8 @@ class Cell(_Strict):
     families: Annotated[tuple[Family, ...], Field(strict=False)] = FAMILIES
     expect: Annotated[tuple[Expectation, ...], Field(strict=False)] = ()
     compute_mode: str = "auto"
+    # the mode the probe (the manifest's resolution of every op) runs under, when it is not compute_mode
+    probe_mode: str | None = None
     bench: bool = False
     timeout_s: int = Field(default=3600, gt=0)
     limits: Limits = Limits()
@@ -304,10 +306,10 @@ class Cell(_Strict):
                 raise ValueError(f"the value of {name!r} holds a NUL, which no environment variable can carry")
         return env
 
-    @field_validator("compute_mode")
+    @field_validator("compute_mode", "probe_mode")
     @classmethod
-    def _known_mode(cls, mode: str) -> str:
-        if mode not in COMPUTE_MODES:
+    def _known_mode(cls, mode: str | None) -> str | None:
+        if mode is not None and mode not in COMPUTE_MODES:
             raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(COMPUTE_MODES)}")
         return mode
 

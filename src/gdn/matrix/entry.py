@@ -4,8 +4,8 @@ benchmark; gdn's kernel log records what each step's calls ran (kernels.json). E
 output directory (see gdn.matrix.results); the exit status says how it went:
 0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
 
-    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
-        [--end-with-stdin]
+    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--probe-mode M]
+        [--bench] [--end-with-stdin]
 
 With --end-with-stdin the runner holds the other end of the entry's stdin and never writes to it: when
 the pipe closes, the runner is gone (killed outright: SIGKILL, the OOM killer, a hard cancel, which it
@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1"}
+    # unbuffered: a container's or a CI log shows the tests as they finish, not all at once at the end
+    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     # The source may be mounted read-only: run from a scratch directory (hypothesis keeps its
     # database in the working directory).
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gdn-cell-{args.cell}"
@@ -100,7 +101,7 @@ def _run(args: argparse.Namespace) -> int:
             "manifest",
             [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
             scratch,
-            env,
+            {**env, "GDN_COMPUTE_MODE": args.probe_mode or args.mode},
         )
     ]
     manifest_path = args.out / "manifest.json"
@@ -141,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the cell's results directory")
     parser.add_argument("--families", type=_families, default=list(FAMILY_MARKERS))
     parser.add_argument("--mode", default="auto", help="gdn compute mode for the probe and the tests")
+    parser.add_argument("--probe-mode", help="gdn compute mode for the probe alone (default: --mode)")
     parser.add_argument("--bench", action="store_true", help="also run the benchmarks (GPU cells)")
     parser.add_argument("--tests", type=Path, default=SOURCE_ROOT / "tests")
     parser.add_argument(

@@ -81,7 +81,8 @@ def _resolution_entry(record: ResolutionRecord) -> dict[str, Any]:
     if record.error is not None:
         return {"backend": None, "route": None, "error": record.error}
     rejected = [{"backend": r.backend, "reason": r.reason} for r in record.rejected]
-    return {"backend": record.backend, "route": record.route, "rejected": rejected}
+    passed_over = [{"backend": r.backend, "reason": r.reason} for r in record.not_candidates]
+    return {"backend": record.backend, "route": record.route, "rejected": rejected, "not_candidates": passed_over}
 
 
 def _op_order(op: str) -> tuple[int, str]:
@@ -150,11 +151,16 @@ def _accelerator(device: str | None) -> devices.DeviceKind | None:
 
 def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
     """The torch device of the cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU
-    cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own."""
+    cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own.
+    A cpu cell that ran on a machine with an accelerator (the host cell on a GPU box) is shown there:
+    that is where its kernels ran."""
     kind = _kind(device)
     if not resolution:
         return kind.torch_type if kind else device or "cpu"
     accelerator = _accelerator(device)
+    if accelerator is None and kind is not None:
+        seen = {torch_type for per_device in resolution.values() for torch_type in per_device}
+        accelerator = next((k for k in devices.KINDS.values() if k.accelerator and k.torch_type in seen), None)
     if accelerator and any(accelerator.torch_type in per_device for per_device in resolution.values()):
         return accelerator.torch_type
     return "cpu"
@@ -373,6 +379,24 @@ def route_text(entry: dict[str, Any] | None) -> str:
     return f"{text} ({', '.join(rejected)} rejected)" if rejected else text
 
 
+def not_candidates_text(cell: dict[str, Any]) -> str:
+    """Why the backends that never became candidates on the cell's device were not tried, each
+    reason once: `fla: serves cuda, npu, not cpu; triton: auto tries it on cuda, npu only; ...`."""
+    device = cell_primary_device(cell)
+    reasons: dict[str, list[str]] = {}
+    for per_device in (cell.get("resolution") or {}).values():
+        for passed_over in (per_device.get(device) or {}).get("not_candidates") or []:
+            seen = reasons.setdefault(passed_over.get("backend") or "?", [])
+            if passed_over.get("reason") not in seen:
+                seen.append(passed_over.get("reason"))
+    return "; ".join(f"{backend}: {', '.join(map(str, why))}" for backend, why in reasons.items())
+
+
+def status_text(status: str) -> str:
+    """A cell's status as the report's readers see it, one word per state: `not run`, `build failed`."""
+    return status.replace("_", " ")
+
+
 def resolution_state(entry: dict[str, Any] | None) -> str:
     """none / error / fallback / eager / kernel: the colour of a resolution cell."""
     if not entry:
@@ -404,7 +428,15 @@ def family_state(counts: dict[str, int] | None, status: str) -> str:
 
 
 def report_families(report: dict[str, Any]) -> list[str]:
-    seen = {family for cell in report["cells"] for family in cell.get("families") or {}}
+    """The families to show: the markers, and any other family that ran a test somewhere. Unmarked
+    records that are only skips are the collection-time skips of modules a cell cannot import (no
+    triton, no transformers): no test of any family, so they get no column."""
+    seen = {
+        family
+        for cell in report["cells"]
+        for family, counts in (cell.get("families") or {}).items()
+        if family != UNMARKED_FAMILY or counts["total"] > counts["skipped"]
+    }
     return sorted(set(FAMILY_MARKERS) | seen, key=_family_order)
 
 
@@ -476,7 +508,7 @@ def _md_summary(report: dict[str, Any]) -> list[str]:
     rows = [
         [
             c["name"],
-            f"{STATUS_ICONS.get(c['status'], '')} {c['status']}",
+            f"{STATUS_ICONS.get(c['status'], '')} {status_text(c['status'])}",
             c.get("device"),
             card_text(c),
             runtime_text(c),
@@ -498,8 +530,8 @@ def _md_resolution(report: dict[str, Any]) -> list[str]:
         if accelerator_missing(cell):
             marker, off_device = " †", True
         routes = [route_text((cell.get("resolution") or {}).get(op, {}).get(device)) for op in report["ops"]]
-        rows.append([f"{cell['name']} ({device}){marker}", *routes])
-    lines = ["## Resolved backends", "", *md_table(["cell", *report["ops"]], rows)]
+        rows.append([f"{cell['name']} ({device}){marker}", *routes, not_candidates_text(cell) or None])
+    lines = ["## Resolved backends", "", *md_table(["cell", *report["ops"], "not candidates"], rows)]
     if off_device:
         lines += ["† the cell's accelerator was not visible: these are its cpu resolutions.", ""]
     return lines
@@ -704,6 +736,8 @@ def _html_environment():
         expectation_text=expectation_text,
         expectation_state=expectation_state,
         card_text=card_text,
+        status_text=status_text,
+        not_candidates_text=not_candidates_text,
         runtime_text=runtime_text,
         lock_text=lock_text,
         pin_text=pin_text,

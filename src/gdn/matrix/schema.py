@@ -144,6 +144,8 @@ class ResolutionRecord:
     backend: str | None = None
     route: str | None = None
     rejected: list[Rejection] = field(default_factory=list)
+    # the backends never tried and why (another compute mode, a device they do not serve, not in auto)
+    not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
 
 
@@ -328,6 +330,7 @@ class ResolutionEntry:
     backend: str | None = None
     route: str | None = None
     rejected: list[Rejection] = field(default_factory=list)
+    not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
 
 
