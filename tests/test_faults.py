@@ -265,6 +265,14 @@ def test_the_writers_inside_a_cell_need_no_pydantic():
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
+def test_the_entry_starts_without_pytest():
+    """The entry runs the tests' pytest in a process of its own: it starts (and reports a cell whose image
+    lacks pytest) without importing it, as the runner's own plugins are loaded only by that process."""
+    code = "import sys; sys.modules['pytest'] = None; import gdn.matrix.entry"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
 # ---------------------------------------------------------------- diff on unusable input
 
 

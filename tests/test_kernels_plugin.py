@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gdn.matrix import kernels_plugin, outcomes
+from gdn.matrix import kernels, outcomes
 
 pytestmark = pytest.mark.tooling
 
@@ -43,7 +43,7 @@ def test_kernels_json_and_the_failing_tests_kernels(tmp_path, workers):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "pytest", str(tmp_path / "suite"), "-q", "-p", "no:cacheprovider"]
     command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={out / outcomes.FILE}"]
-    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels_plugin.OPTION}={out / 'kernels.json'}"]
+    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels.OPTION}={out / 'kernels.json'}"]
     command += ["-n", workers] if workers else ["-p", "no:xdist"]
     env = {**os.environ, "PYTHONPATH": str(SRC), "GDN_COMPUTE_MODE": "eager"}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -30,10 +30,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gdn.matrix import kernels_plugin, outcomes
+from gdn.matrix import kernels, outcomes
 from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.kernels import FILE as KERNELS
 from gdn.matrix.results import FAMILY_MARKERS
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
@@ -52,7 +51,7 @@ def _pytest_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
     command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
     command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={args.out / outcomes.FILE}"]
-    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels_plugin.OPTION}={args.out / KERNELS}"]
+    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels.OPTION}={args.out / kernels.FILE}"]
     if importlib.util.find_spec("xdist") is not None:
         command += ["-n", os.environ.get("GDN_TEST_WORKERS", "auto")]
     return command
@@ -109,10 +108,10 @@ def _run(args: argparse.Namespace) -> int:
         write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
     accuracy = [sys.executable, "-m", "gdn.matrix.accuracy", "--output", str(args.out / ACCURACY)]
-    steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / KERNELS)], scratch, env))
+    steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / kernels.FILE)], scratch, env))
     if args.bench:
         bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
-        bench_cmd += ["--kernels", str(args.out / KERNELS)]
+        bench_cmd += ["--kernels", str(args.out / kernels.FILE)]
         steps.append(
             _step(
                 "bench",

@@ -21,6 +21,8 @@ from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import KERNELS_SCHEMA, KernelCount, Rejection
 
 FILE = "kernels.json"
+# the pytest option of gdn.matrix.kernels_plugin; here so that the entry names it without importing pytest
+OPTION = "--gdn-kernels"
 
 
 @contextlib.contextmanager

@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 
 from gdn.kernel_log import KernelEntry, KernelLog
-from gdn.matrix.kernels import add_step, entries, kernel_records, recording
+from gdn.matrix.kernels import OPTION, add_step, entries, kernel_records, recording
 from gdn.matrix.outcomes import KERNELS
 
-OPTION = "--gdn-kernels"
 STEP = "tests"
 
 
