@@ -39,7 +39,11 @@ def clean_state(monkeypatch):
     monkeypatch.delenv(resolver.MODE_ENV, raising=False)
     gdn.set_compute_mode(None)
     resolver.reset()
+    # In a cell, the kernels plugin keeps its log in force for the whole session; these tests put logs
+    # in force themselves, so the cell's is set aside while each runs.
+    cells_log = kernel_log.install(None)
     yield
+    kernel_log.install(cells_log)
     if "fp32-refuser" in resolver.backends():
         gdn.unregister_backend("fp32-refuser")
     gdn.set_compute_mode(None)
