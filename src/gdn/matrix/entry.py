@@ -106,9 +106,11 @@ def _run(args: argparse.Namespace) -> int:
     manifest_path = args.out / "manifest.json"
     if manifest_path.exists():
         write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
-    steps.append(_step("pytest", _pytest_command(args), scratch, env))
+    # The accuracy table runs before the tests: a failing cell's log then ends with pytest's failures,
+    # which its log tail (the report's reason) must show, not with the table's rows.
     accuracy = [sys.executable, "-m", "gdn.matrix.accuracy", "--output", str(args.out / ACCURACY)]
     steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / kernels.FILE)], scratch, env))
+    steps.append(_step("pytest", _pytest_command(args), scratch, env))
     if args.bench:
         bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
         bench_cmd += ["--kernels", str(args.out / kernels.FILE)]
