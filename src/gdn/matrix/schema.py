@@ -4,7 +4,7 @@
     interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
     manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
-    bench.json        BenchFile        written by the cell's benchmark (bench.cell)
+    bench.json        BenchFile        written by the cell's benchmark (gdn.matrix.bench)
     kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
     accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`

@@ -31,7 +31,7 @@ gdn resolved followed by what the peer's own dispatch ran for the row's calls ("
 gated_delta_rule.chunk_gated_delta_rule: flash_qla; ..."), and with --kernels the timing's calls are the
 "bench" step of the cell's kernels.json.
 
-Usage: PYTHONPATH=src:. python -m bench.cell [--matrix-out results/<cell>/bench.json] [--budget-s 180]
+Usage: python -m gdn.matrix.bench [--matrix-out results/<cell>/bench.json] [--budget-s 180]
 Needs a GPU or NPU; without one it says so and exits 0 (cells without an accelerator run no bench).
 """
 
@@ -53,11 +53,19 @@ from pathlib import Path
 import torch
 
 import gdn
-from bench._common import chunk_inputs, environment, median_ms, peak_gib, pool_decode_inputs, print_table, write_results
 from gdn.kernel_log import KernelLog
 from gdn.matrix.cell import end_group
 from gdn.matrix.kernels import add_step, peer_text, recording
 from gdn.matrix.schema import BenchFile, BenchRow, shape_text
+from gdn.matrix.timing import (
+    chunk_inputs,
+    environment,
+    median_ms,
+    peak_gib,
+    pool_decode_inputs,
+    print_table,
+    write_results,
+)
 from gdn.resolve import backends, compute_mode_override, resolve
 
 CHUNK = "chunk_gated_delta_rule"
@@ -320,7 +328,7 @@ def run_workload(cell: Cell, backend: str, workload: int) -> None:
 
 def warm_up_command(device: str, backend: str, workload: int, rows_out: Path) -> list[str]:
     return [
-        sys.executable, "-m", "bench.cell", "--device", device, "--first-calls", backend,
+        sys.executable, "-m", "gdn.matrix.bench", "--device", device, "--first-calls", backend,
         "--workload", str(workload), "--rows-out", str(rows_out),
     ]  # fmt: skip
 
@@ -415,12 +423,12 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise SystemExit(f"bench.cell: {name} must be a positive number of seconds, got {text!r}")
+        raise SystemExit(f"gdn.matrix.bench: {name} must be a positive number of seconds, got {text!r}")
     return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gdn.matrix.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
     parser.add_argument("--kernels", type=Path, help="add what the timing's calls ran to this kernels.json")
     parser.add_argument(
@@ -449,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return first_calls(args.device, args.first_calls, args.workload, args.rows_out)
     device = accelerator()
     if device is None:
-        print("bench.cell: needs a GPU or an NPU (none is visible); nothing timed")
+        print("gdn.matrix.bench: needs a GPU or an NPU (none is visible); nothing timed")
         return 0
     bench = run(device, args.budget_s, args.warm_up_s, args.kernels)
     payload = bench.to_json()

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.tooling
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: bench.cell would time it")
 def test_without_an_accelerator_it_says_so_and_writes_nothing(tmp_path, capsys):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     if cell.accelerator() is not None:
         pytest.skip("an NPU is visible: bench.cell would time it")
@@ -31,14 +31,14 @@ def test_the_cell_entry_runs_bench_cell(tmp_path, monkeypatch):
         lambda name, command, cwd, env: commands.append(command) or {"step": name, "exit_code": 0, "duration_s": 0},
     )
     entry.main(["--cell", "c", "--out", str(tmp_path), "--families", "probe", "--bench"])
-    [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].startswith("bench")]
-    assert bench[bench.index("-m") + 1] == "bench.cell"
+    [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].endswith("bench")]
+    assert bench[bench.index("-m") + 1] == "gdn.matrix.bench"
     assert bench[bench.index("--matrix-out") + 1] == str(tmp_path / "bench.json")
     assert bench[bench.index("--kernels") + 1] == str(tmp_path / "kernels.json")
 
 
 def test_peers_are_timed_after_gdns_own_backends():
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     assert cell.timing_order(["triton", "fla", "flashqla", "eager"]) == ["triton", "eager", "fla", "flashqla"]
 
@@ -47,7 +47,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
     """A first call that autotunes for minutes must not hold the cell past its budget."""
     import time
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.5)
@@ -68,7 +68,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 
 
 def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.0)
@@ -101,7 +101,7 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
     that workload's first calls itself, saying so; a warm-up that failed gives its rows the reason."""
     import time
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     shape = {"B": 1}
     row = {"op": cell.CHUNK, "backend": "triton", "shape": shape, "pass": "fwd", "first_call_s": 97.5}
@@ -132,7 +132,7 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
 def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes(tmp_path, monkeypatch):
     import json
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "median_ms", lambda *a, **k: pytest.fail("a warm-up process does not time"))
@@ -150,7 +150,7 @@ def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes
 
 
 def test_the_budgets_come_from_the_environment_where_the_entry_runs_the_bench(monkeypatch):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setenv(cell.WARM_UP_ENV, "90")
     monkeypatch.setenv(cell.BUDGET_ENV, "60.5")
@@ -161,7 +161,7 @@ def test_the_budgets_come_from_the_environment_where_the_entry_runs_the_bench(mo
 
 @pytest.mark.parametrize("text", ["soon", "0", "-5"])
 def test_a_budget_that_is_not_a_positive_number_is_refused_by_name(monkeypatch, text):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setenv(cell.WARM_UP_ENV, text)
     with pytest.raises(SystemExit, match=f"GDN_BENCH_WARM_UP_S must be a positive number of seconds, got '{text}'"):
