@@ -1,4 +1,4 @@
-"""bench.cell on a machine without an accelerator: it says it needs one and exits 0 without writing a
+"""gdn.matrix.bench on a machine without an accelerator: it says it needs one and exits 0 without writing a
 bench.json (a cell's bench runs only on accelerator cells); and the cell entry runs it as the bench."""
 
 from __future__ import annotations
@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn.backends import fla as fla_backend
 from gdn.matrix import entry
 
 pytestmark = pytest.mark.tooling
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: bench.cell would time it")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: gdn.matrix.bench would time it")
 def test_without_an_accelerator_it_says_so_and_writes_nothing(tmp_path, capsys):
     from gdn.matrix import bench as cell
 
     if cell.accelerator() is not None:
-        pytest.skip("an NPU is visible: bench.cell would time it")
+        pytest.skip("an NPU is visible: gdn.matrix.bench would time it")
     out = tmp_path / "bench.json"
     assert cell.main(["--matrix-out", str(out)]) == 0
     assert "needs a GPU or an NPU" in capsys.readouterr().out
@@ -49,7 +50,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 
     from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.5)
     monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
     slow = {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}
@@ -70,7 +71,7 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
     from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.0)
     bench.spent = True
     bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
@@ -105,7 +106,7 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
 
     shape = {"B": 1}
     row = {"op": cell.CHUNK, "backend": "triton", "shape": shape, "pass": "fwd", "first_call_s": 97.5}
-    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "WORKLOADS", (("chunk", (1,)),))
     monkeypatch.setattr(
         cell, "warm_up_command", lambda device, backend, workload, rows_out: _fake_warm_up(backend, rows_out, row)
@@ -134,7 +135,7 @@ def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes
 
     from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_guard_blocks", lambda: False)
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "median_ms", lambda *a, **k: pytest.fail("a warm-up process does not time"))
     monkeypatch.setattr(cell.torch, "cpu", type("Cpu", (), {"synchronize": staticmethod(lambda: None)}), raising=False)
     rows_out = tmp_path / "rows.jsonl"

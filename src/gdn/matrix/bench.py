@@ -23,8 +23,9 @@ warm-up shares the device with the other warm-ups, so a peer may pick a slightly
 configuration than it would alone. A runner that keeps its caches (Triton's ~/.triton/cache, TileLang's
 ~/.tilelang/cache) between runs makes the warm-up take seconds.
 
-Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
-with the guard lifted and its rows say that its gradients are not to be trusted there.
+Each backend's timed calls run under its `timing(op)` (gdn.backends.base.Backend): where fla's Hopper
+guard blocks its gated backward (the manifest's fla section says so), fla is timed with the guard lifted
+and its rows say that its gradients are not to be trusted there.
 
 The timing runs with gdn's kernel log on (gdn.matrix.kernels): each row's `implementation` is the route
 gdn resolved followed by what the peer's own dispatch ran for the row's calls ("fla:0.6.0 ->
@@ -84,15 +85,10 @@ WARM_UP_S = 240.0
 BUDGET_ENV, WARM_UP_ENV = "GDN_BENCH_BUDGET_S", "GDN_BENCH_WARM_UP_S"
 # how long an ended warm-up process has to print its stack before what is left of it is killed
 SIGTERM_GRACE_S = 5.0
-# the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
-NOTHING_TO_COMPILE = ("eager",)
 # do_bench budgets in ms: enough for a stable median of kernels of 0.05-40 ms, small enough that every
 # backend of every shape fits the cell's three minutes (eager's 35 ms fwd+bwd still gets 3 repeats)
 WARMUP_MS, REP_MS = 25, 100
 COLUMNS = ["op", "shape", "pass", "backend", "implementation", "ms", "ratio", "peak_gib", "first_call_s", "reason"]
-# external libraries' adapters: timed after gdn's own backends, since their first calls may autotune or
-# compile for minutes and the budget must not go to them before gdn's rows exist
-PEERS = ("fla", "flashqla", "torch_npu")
 
 
 class BudgetSpent(BaseException):
@@ -118,19 +114,11 @@ def serving(device: str) -> list[str]:
 
 
 def timing_order(names: list[str]) -> list[str]:
-    """gdn's own backends first, then the peers, each group in the resolver's order."""
-    return sorted(names, key=lambda name: name in PEERS)
-
-
-def fla_guard_blocks() -> bool:
-    """Whether fla's Hopper guard blocks its gated backward here (for the bench's bf16 chunk calls)."""
-    try:
-        from gdn.backends import fla_dispatch
-
-        described = fla_dispatch.describe_dtype(torch.bfloat16)
-    except Exception:  # fla does not import: its resolution says why
-        return False
-    return bool(described["hopper_guard"]["blocks_gated_backward"])
+    """gdn's own backends first, then the peers (Backend.peer: external libraries' adapters, whose first
+    calls may autotune or compile for minutes, so the budget must not go to them before gdn's rows
+    exist), each group in the resolver's order."""
+    registered = backends()
+    return sorted(names, key=lambda name: registered[name].peer)
 
 
 class Cell:
@@ -145,7 +133,6 @@ class Cell:
         self.budget_s = budget_s
         self.started = time.monotonic()
         self.rows: list[BenchRow] = []
-        self.fla_guard_blocks = fla_guard_blocks()
         self.spent = False
         self.measuring = False
         self.first_calls_only = first_calls_only
@@ -178,17 +165,6 @@ class Cell:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    @contextlib.contextmanager
-    def peer_context(self, backend: str, op: str) -> Iterator[str | None]:
-        """fla's Hopper guard lifted around its chunk rows where it blocks them (timing only)."""
-        if backend == "fla" and op == CHUNK and self.fla_guard_blocks:
-            from gdn.backends.fla import bypass_hopper_guard
-
-            with bypass_hopper_guard():
-                yield "fla's Hopper guard lifted for timing: its gated backward is wrong with this Triton here"
-            return
-        yield None
-
     def implementation(self, backend: str, op: str) -> tuple[str | None, str | None]:
         """(route actually resolved, None) or (None, why the backend does not serve op here)."""
         try:
@@ -202,7 +178,7 @@ class Cell:
         return res.route, None
 
     def measure(self, backend: str, op: str, shape: dict[str, int], passes: dict[str, Callable[[], object]], grads):
-        with self.peer_context(backend, op) as note:
+        with backends()[backend].timing(op) as note:
             route = reason = None
             for name, fn in passes.items():
                 row = BenchRow(op, backend, shape, name, note=note)
@@ -382,7 +358,7 @@ def run(device: str, budget_s: float, warm_up_s: float, kernels: Path | None = N
     started = time.monotonic()
     cell = Cell(device, budget_s)
     names = timing_order(serving(device))
-    compiling = [n for n in names if n not in NOTHING_TO_COMPILE and backends()[n].why_unavailable(device) is None]
+    compiling = [n for n in names if backends()[n].compiles and backends()[n].why_unavailable(device) is None]
     print(f"warm-up: the first calls of {', '.join(compiling) or 'no backend'}, each workload in a process of its own")
     warm_up(cell, compiling, warm_up_s)
     warm_up_elapsed = round(cell.elapsed(), 1)

@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     steps = [
         _step(
             "manifest",
-            [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
+            [sys.executable, "-m", "gdn.matrix.probe", "--output", str(args.out / "manifest.json")],
             scratch,
             {**env, "GDN_COMPUTE_MODE": args.probe_mode or args.mode},
         )

@@ -2,7 +2,7 @@
 
     cell.json         CellOutcome      written by the cell runner (gdn.matrix.cell)
     interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
-    manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
+    manifest.json     Manifest         written by the probe inside the cell (gdn.matrix.probe)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
     bench.json        BenchFile        written by the cell's benchmark (gdn.matrix.bench)
     kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
@@ -154,7 +154,7 @@ Section = dict[str, Any]
 
 @dataclass
 class Manifest:
-    """manifest.json (gdn.manifest): the sections the report reads are typed as objects (a section the
+    """manifest.json (gdn.matrix.probe): the sections the report reads are typed as objects (a section the
     probe could not fill is {"error": ...}); everything else the probe records is allowed as is."""
 
     python: Section | None = None
