@@ -137,3 +137,13 @@ def test_a_plain_backend_takes_as_functions_what_a_subclass_defines_as_methods()
     assert toy.route_of("l2norm") == f"toy:{TOY_VERSION}" and toy.implementation("l2norm") is toy_l2norm
     # an instance's function stands in for its class's method
     assert ToyBackend(route=lambda op: "toy:pinned").route_of("l2norm") == "toy:pinned"
+
+
+def test_the_manifest_keeps_its_sections_in_their_order() -> None:
+    """The sections the backends now describe come where the manifest always had them: the order they
+    are written in is the order they are computed in (triton's driver before torch_npu's import, fla_npu
+    before the ascendc routes)."""
+    manifest = probe.collect_manifest(include_resolution=False)
+    assert list(manifest) == ["schema", "generated_at", "hostname", *probe.LAYOUT, "checks"]
+    layout = probe.LAYOUT
+    assert layout.index("triton") < layout.index("torch_npu") and layout.index("fla_npu") < layout.index("ascendc")

@@ -7,6 +7,7 @@ redeclares) and overridable methods. The built-in ones are listed in gdn.backend
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
@@ -23,6 +24,11 @@ HOOKS = ("loader", "check", "route", "compile_ahead", "watch")
 
 def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def import_version(module: str) -> str:
+    """The version an imported peer package states ("unknown" where it states none): a peer's route."""
+    return getattr(importlib.import_module(module), "__version__", "unknown")
 
 
 @dataclass(eq=False)

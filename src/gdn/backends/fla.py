@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from gdn.backends import fla_dispatch
-from gdn.backends.base import Backend, OpTable
+from gdn.backends.base import Backend, OpTable, import_version
 from gdn.backends.findings import Section, distribution, imported, mark_stand_in
 from gdn.calls import GdnCall, L2NormCall
 from gdn.gates import floored
@@ -42,12 +42,6 @@ PEER_DISTRIBUTIONS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 # backward chains that grows to 1e-3-2e-3, and a wrong term costs far more than 5e-3. l2norm has no
 # matmul: a few fp32 ulps.
 PROBE_TOLERANCE = {"l2norm": 1e-5, "chunk_gated_delta_rule": 5e-3, "fused_recurrent_gated_delta_rule": 5e-3}
-
-
-def _version() -> str:
-    import fla
-
-    return getattr(fla, "__version__", "unknown")
 
 
 def _load() -> OpTable:
@@ -108,7 +102,7 @@ class FlaBackend(Backend):
         return _load()
 
     def route(self, op: str) -> str:
-        return f"{NAME}:{_version()}"
+        return f"{NAME}:{import_version('fla')}"
 
     def watch(self) -> AbstractContextManager[bool]:
         return fla_dispatch.watching()

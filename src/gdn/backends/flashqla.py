@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from gdn import kernel_log
-from gdn.backends.base import Backend, OpTable
+from gdn.backends.base import Backend, OpTable, import_version
 from gdn.calls import GdnCall
 from gdn.gates import floored
 
@@ -47,12 +47,6 @@ PROBE_TOLERANCE = {OP: 2e-2}
 CHUNK_MODULE = "flash_qla.ops.gated_delta_rule.chunk"
 CP_DECISION = "_auto_intra_cp_context"
 LEVEL = "flash_qla"  # the level of FlashQLA's own choice in gdn's kernel log
-
-
-def _version() -> str:
-    import flash_qla
-
-    return getattr(flash_qla, "__version__", "unknown")
 
 
 def refusal(call: GdnCall) -> str | None:
@@ -162,7 +156,7 @@ class FlashQLABackend(Backend):
         return _load()
 
     def route(self, op: str) -> str:
-        return f"{NAME}:{_version()}"
+        return f"{NAME}:{import_version('flash_qla')}"
 
     def watch(self) -> AbstractContextManager[bool]:
         return watching()

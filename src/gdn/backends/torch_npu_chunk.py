@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from gdn.backends.ascendc import device as npu_device
-from gdn.backends.base import Backend, OpTable
+from gdn.backends.base import Backend, OpTable, import_version
 from gdn.backends.findings import Section, distribution, guarded, imported, mark_stand_in
 from gdn.calls import GdnCall
 from gdn.gates import floored
@@ -178,8 +178,7 @@ class TorchNpuBackend(Backend):
         return _load()
 
     def route(self, op: str) -> str:
-        torch_npu = importlib.import_module("torch_npu")
-        return f"{NAME}:{getattr(torch_npu, '__version__', 'unknown')}"
+        return f"{NAME}:{import_version('torch_npu')}"
 
     def refusal(self, op: str, call: GdnCall) -> str | None:
         return refusal(call)
