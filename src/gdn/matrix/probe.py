@@ -7,7 +7,8 @@ wheel-compat checks read from all of it.
 `python -m gdn.matrix.probe --json` (also `python -m gdn.manifest` and `gdn-matrix manifest`) prints it.
 A missing or broken package is a finding, not a failure: each section is computed on its own and an
 exception becomes {"error": "<ExcType>: <msg>"} in that section. Only the standard library is imported
-at module level, so the manifest is written however broken the stack is.
+at module level, so the manifest is written however broken the stack is; where torch itself does not
+import, the backends cannot be listed, and each section they describe holds that error.
 """
 
 from __future__ import annotations
