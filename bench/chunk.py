@@ -41,7 +41,7 @@ from collections.abc import Iterator
 import torch
 
 import gdn
-from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
+from gdn.matrix.timing import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128), (4, 4096, 16, 32, 128), (1, 32768, 16, 32, 128)]
 # the packed row, as GRPO rollouts pack: this many sequences of uneven length (drawn from LENGTHS,

@@ -39,8 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench._common import environment, write_results
 from gdn.matrix.accuracy.table import error_text
+from gdn.matrix.timing import environment, write_results
 
 CONFIGS = {
     "default": {},

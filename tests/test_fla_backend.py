@@ -160,7 +160,7 @@ def install_standin(root: Path, monkeypatch, *, with_l2norm: bool = True):
 
 def on_host():
     """The adapter, widened to serve (and in auto, to rank first on) the host: see the module doc."""
-    backend = dataclasses.replace(fla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+    backend = dataclasses.replace(fla_backend.FlaBackend(), devices=("cpu",), auto_rank={"cpu": 0})
     gdn.register_backend(backend, replace=True)
     return backend
 

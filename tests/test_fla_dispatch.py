@@ -25,7 +25,8 @@ PEERS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 COLLECT = "; ".join(
     [
         "import json",
-        "from gdn.manifest import fla_section, _fla_text",
+        "from gdn.backends.fla import fla_section",
+        "from gdn.matrix.probe import _fla_text",
         "s = fla_section()",
         "print(json.dumps([s, _fla_text(s)]))",
     ]

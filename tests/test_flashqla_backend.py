@@ -60,7 +60,7 @@ def standin(monkeypatch):
 
 
 def on_host():
-    backend = dataclasses.replace(flashqla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+    backend = dataclasses.replace(flashqla_backend.FlashQLABackend(), devices=("cpu",), auto_rank={"cpu": 0})
     gdn.register_backend(backend, replace=True)
     return backend
 

@@ -121,7 +121,7 @@ THROUGH_FLA = """
     from gdn.calls import PREPARE
     from gdn.matrix.kernels import kernel_records, recording
 
-    fla = fla_backend.make_backend()
+    fla = fla_backend.FlaBackend()
     gdn.register_backend(dataclasses.replace(fla, devices=("cpu",), auto_rank={"cpu": 0}), replace=True)
     gen = torch.Generator().manual_seed(3)
     results = {}
@@ -216,7 +216,7 @@ def test_flashqlas_architecture_and_split_are_noted_per_forward_call():
         import gdn.backends.flashqla as flashqla_backend
         from gdn.matrix.kernels import kernel_records, recording
 
-        backend = dataclasses.replace(flashqla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+        backend = dataclasses.replace(flashqla_backend.FlashQLABackend(), devices=("cpu",), auto_rank={"cpu": 0})
         gen = torch.Generator().manual_seed(4)
         with recording() as log:
             for B in (1, 2):

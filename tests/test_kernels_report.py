@@ -64,7 +64,7 @@ def dg_under(mode):
 
 
 def widen(**fields):
-    fla = fla_backend.make_backend()
+    fla = fla_backend.FlaBackend()
     gdn.register_backend(dataclasses.replace(fla, devices=("cpu",), auto_rank={"cpu": 0}, **fields), replace=True)
 
 

@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-import gdn.manifest as gdn_manifest
+import gdn.matrix.probe as gdn_manifest
 from gdn import compute_mode
 from gdn.backends.ascendc import surface
+from gdn.backends.triton.findings import NO_DRIVER, triton_section
 from gdn.matrix import cli
 from gdn.op_names import OP_NAMES
 from standins import harness
@@ -437,7 +438,7 @@ def test_a_library_printing_on_import_leaves_the_childs_result_intact(tmp_path: 
 def test_a_machine_without_a_gpu_says_no_gpu_driver():
     """Triton's own words there are "0 active drivers ([]). There should only be one.", which reads as
     a breakage; the manifest says what it means."""
-    section = gdn_manifest.triton_section()
+    section = triton_section()
     assert section["active_backend"] is None
-    assert section["active_backend_error"] == gdn_manifest.NO_DRIVER
+    assert section["active_backend_error"] == NO_DRIVER
     assert section["active_backend_error"].startswith("no GPU driver")

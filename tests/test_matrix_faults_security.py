@@ -173,9 +173,9 @@ def test_accepted_but_wrong_matrix_entries_are_refused(cell, changes, message):
 
 def test_the_compute_modes_and_backends_a_cell_may_name_are_gdns():
     from gdn import resolve
-    from gdn.backend_names import BACKEND_NAMES
+    from gdn.backends.registry import names
 
-    assert list(BACKEND_NAMES) == list(resolve.backends())
+    assert list(names()) == list(resolve.backends())
     assert parse_matrix(mutated("cpu", compute_mode="triton")).cell("cpu").compute_mode == "triton"
 
 

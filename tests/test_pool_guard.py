@@ -143,13 +143,13 @@ def pool_decode_case(gen, K: int = 16, V: int = 16) -> Case:
 def ascendc_standin() -> Backend:
     """The ascendc backend's pooled ops over the stand-in kernels, on the host, with the real
     backend's value-check sets (the adapters are the real ones)."""
-    from gdn.backends.ascendc import make_backend
+    from gdn.backends.ascendc import AscendcBackend
     from gdn.backends.ascendc.conv import ConvKernels, make_causal_conv1d_fn
     from gdn.backends.ascendc.recurrent import make_recurrent_ops
     from standins.support import stable
 
     ops = stable()
-    real = make_backend()
+    real = AscendcBackend()
     return Backend(
         name="ascendc",
         ops={

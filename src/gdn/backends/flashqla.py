@@ -21,13 +21,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from gdn import kernel_log
-from gdn.backends.base import Backend, OpTable
+from gdn.backends.base import Backend, OpTable, import_version
 from gdn.calls import GdnCall
 from gdn.gates import floored
 
@@ -45,12 +47,6 @@ PROBE_TOLERANCE = {OP: 2e-2}
 CHUNK_MODULE = "flash_qla.ops.gated_delta_rule.chunk"
 CP_DECISION = "_auto_intra_cp_context"
 LEVEL = "flash_qla"  # the level of FlashQLA's own choice in gdn's kernel log
-
-
-def _version() -> str:
-    import flash_qla
-
-    return getattr(flash_qla, "__version__", "unknown")
 
 
 def refusal(call: GdnCall) -> str | None:
@@ -113,18 +109,6 @@ def _around_empty_sequences(call: GdnCall, bounds: list[int], kept: list[int], r
     return o, (states.index_copy(0, rows, final) if call.output_final_state else None)
 
 
-class FlashQLABackend(Backend):
-    def refusal(self, op: str, call: GdnCall) -> str | None:
-        return refusal(call)
-
-    def why_op_unavailable(self, op: str) -> str | None:
-        return f"FlashQLA has chunked prefill kernels only (no {op})"
-
-
-def _route(op: str) -> str:
-    return f"{NAME}:{_version()}"
-
-
 @contextlib.contextmanager
 def watching() -> Iterator[bool]:
     """While the block runs, each forward call of FlashQLA's chunk op, whoever makes it (this adapter, or
@@ -156,17 +140,29 @@ def watching() -> Iterator[bool]:
         setattr(chunk, CP_DECISION, decide)
 
 
-def make_backend() -> Backend:
-    return FlashQLABackend(
-        name=NAME,
-        loader=_load,
-        devices=("cuda",),
-        auto_rank={"cuda": 2},
-        route=_route,
-        probe_tolerance=PROBE_TOLERANCE,
-        probe_dtype=torch.bfloat16,
-        probe_head_dims=(HEAD_DIM, HEAD_DIM),
-        probe_outside_limits=(HEAD_DIM // 2, HEAD_DIM // 2),
-        watch=watching,
-        trusts_values=frozenset({OP}),  # its kernels read cu_seqlens on the device unchecked
-    )
+@dataclass(eq=False)
+class FlashQLABackend(Backend):
+    name: str = NAME
+    devices: tuple[str, ...] = ("cuda",)
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"cuda": 2})
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: PROBE_TOLERANCE)
+    probe_dtype: Any = torch.bfloat16
+    probe_head_dims: tuple[int, int] | None = (HEAD_DIM, HEAD_DIM)
+    probe_outside_limits: tuple[int, int] | None = (HEAD_DIM // 2, HEAD_DIM // 2)
+    trusts_values: frozenset[str] = frozenset({OP})  # its kernels read cu_seqlens on the device unchecked
+    peer: bool = True
+
+    def loader(self) -> OpTable:
+        return _load()
+
+    def route(self, op: str) -> str:
+        return f"{NAME}:{import_version('flash_qla')}"
+
+    def watch(self) -> AbstractContextManager[bool]:
+        return watching()
+
+    def refusal(self, op: str, call: GdnCall) -> str | None:
+        return refusal(call)
+
+    def why_op_unavailable(self, op: str) -> str | None:
+        return f"FlashQLA has chunked prefill kernels only (no {op})"

@@ -19,13 +19,15 @@ tests/standins (gdn.backends.ascendc.device).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from gdn.backends.ascendc import device as npu_device
-from gdn.backends.base import Backend, OpTable
+from gdn.backends.base import Backend, OpTable, import_version
+from gdn.backends.findings import Section, distribution, guarded, imported, mark_stand_in
 from gdn.calls import GdnCall
 from gdn.gates import floored
 
@@ -155,36 +157,50 @@ def _load() -> OpTable:
     return {OP: chunk_gated_delta_rule}
 
 
-def _check(device_type: str) -> str | None:
-    return npu_device.why_not(device_type, npu_device.locate())
-
-
-def _route(op: str) -> str:
-    torch_npu = importlib.import_module("torch_npu")
-    return f"{NAME}:{getattr(torch_npu, '__version__', 'unknown')}"
-
-
+@dataclass(eq=False)
 class TorchNpuBackend(Backend):
+    name: str = NAME
+    devices: tuple[str, ...] = ("npu", "cpu")  # cpu only under the stand-in torch_npu (gdn.backends.ascendc.device)
+    # after gdn's own kernels and fla's: an inference-only peer under test
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"npu": 3})
+    # bf16 inputs and outputs and a bf16 state between chunks: bf16 rounding, like the ascendc chain
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: {OP: 2e-2})
+    probe_dtype: Any = torch.bfloat16
+    probe_head_dims: tuple[int, int] | None = CONTRACT.head_dims
+    forward_only: frozenset[str] = frozenset({OP})
+    trusts_values: frozenset[str] = frozenset({OP})  # the op reads the sequence lengths on the device unchecked
+    peer: bool = True
+
+    def check(self, device_type: str) -> str | None:
+        return npu_device.why_not(device_type, npu_device.locate())
+
+    def loader(self) -> OpTable:
+        return _load()
+
+    def route(self, op: str) -> str:
+        return f"{NAME}:{import_version('torch_npu')}"
+
     def refusal(self, op: str, call: GdnCall) -> str | None:
         return refusal(call)
 
     def why_op_unavailable(self, op: str) -> str | None:
         return f"torch_npu has a fused op for the chunked prefill only (no {op})"
 
+    def describe(self) -> dict[str, Callable[[], Any]]:
+        return {"torch_npu": torch_npu_section}
 
-def make_backend() -> Backend:
-    return TorchNpuBackend(
-        name=NAME,
-        loader=_load,
-        devices=("npu", "cpu"),  # cpu only under the stand-in torch_npu (gdn.backends.ascendc.device)
-        check=_check,
-        # after gdn's own kernels and fla's: an inference-only peer under test
-        auto_rank={"npu": 3},
-        route=_route,
-        # bf16 inputs and outputs and a bf16 state between chunks: bf16 rounding, like the ascendc chain
-        probe_tolerance={OP: 2e-2},
-        probe_dtype=torch.bfloat16,
-        probe_head_dims=CONTRACT.head_dims,
-        forward_only=frozenset({OP}),
-        trusts_values=frozenset({OP}),  # the op reads the sequence lengths on the device unchecked
-    )
+
+def _npu_device_names() -> list[str]:
+    return [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())]
+
+
+def torch_npu_section() -> Section:
+    """torch_npu's distribution, whether it imports (its import fails without CANN: libhccl.so), and
+    the NPUs it sees."""
+    torch_npu, import_found = imported("torch_npu")
+    section: Section = {"distribution": distribution("torch_npu"), "import": import_found}
+    if torch_npu is not None:
+        mark_stand_in(section, torch_npu)
+        guarded(section, "devices", _npu_device_names)
+        section["device_count"] = len(section["devices"] or [])
+    return section

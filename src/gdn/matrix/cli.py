@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import gdn
-from gdn import manifest
+from gdn.matrix import probe
 
 # Exit status of `run` for a cell that could not run here (no device, no engine) when a run is
 # required (--require-run, or GDN_REQUIRE_RUN=1 as the nox sessions read it): distinct from a failure.
@@ -147,8 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="print this environment's manifest and gdn's backend resolution",
         description="The same as `python -m gdn.manifest`.",
     )
-    manifest.add_arguments(manifest_parser)
-    manifest_parser.set_defaults(handler=manifest.run)
+    probe.add_arguments(manifest_parser)
+    manifest_parser.set_defaults(handler=probe.run)
     _add_run(commands)
     _add_schema(commands)
     _add_module_command(commands, "report", "build report.json / report.md / report.html from results/")

@@ -25,7 +25,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gdn.backend_names import BACKEND_NAMES
+from gdn.backends import registry
 from gdn.matrix import devices
 from gdn.matrix.jsonio import UnreadableFileError, read_capped
 from gdn.op_names import OP_NAMES
@@ -52,8 +52,12 @@ WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
 
 Family = Literal["probe", "single_op", "shape_grid", "grpo"]
 Runtime = Literal["docker", "host"]
-# gdn_compute_mode inside a cell: auto or a built-in backend (gdn.resolve.modes() without torch).
-COMPUTE_MODES = ("auto", *BACKEND_NAMES)
+
+
+def compute_modes() -> tuple[str, ...]:
+    """gdn_compute_mode inside a cell: auto or a built-in backend (gdn.resolve.modes() without torch)."""
+    return ("auto", *registry.names())
+
 
 # The base-image keys are what the image's own tools report: Python's and CUDA's major.minor (3.12,
 # 13.0), CANN's release (8.5.0) or release candidate (8.0.RC1, 8.0.RC2.beta1).
@@ -207,8 +211,8 @@ class Expectation(_Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, backend: str) -> str:
-        if backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKEND_NAMES)}")
+        if backend not in registry.names():
+            raise ValueError(f"unknown backend {backend!r}; expected one of {list(registry.names())}")
         return backend
 
 
@@ -309,8 +313,8 @@ class Cell(_Strict):
     @field_validator("compute_mode", "probe_mode")
     @classmethod
     def _known_mode(cls, mode: str | None) -> str | None:
-        if mode is not None and mode not in COMPUTE_MODES:
-            raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(COMPUTE_MODES)}")
+        if mode is not None and mode not in compute_modes():
+            raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(compute_modes())}")
         return mode
 
     @field_validator("device")

@@ -98,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
     steps = [
         _step(
             "manifest",
-            [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
+            [sys.executable, "-m", "gdn.matrix.probe", "--output", str(args.out / "manifest.json")],
             scratch,
             {**env, "GDN_COMPUTE_MODE": args.probe_mode or args.mode},
         )
@@ -112,16 +112,9 @@ def _run(args: argparse.Namespace) -> int:
     steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / kernels.FILE)], scratch, env))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
     if args.bench:
-        bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
+        bench_cmd = [sys.executable, "-m", "gdn.matrix.bench", "--matrix-out", str(args.out / "bench.json")]
         bench_cmd += ["--kernels", str(args.out / kernels.FILE)]
-        steps.append(
-            _step(
-                "bench",
-                bench_cmd,
-                SOURCE_ROOT,
-                {**env, "PYTHONPATH": os.pathsep.join([str(SOURCE_ROOT), env.get("PYTHONPATH", "")])},
-            )
-        )
+        steps.append(_step("bench", bench_cmd, scratch, env))
     write_json(args.out / "entry.json", {"cell": args.cell, "families": args.families, "steps": steps})
     codes = {s["step"]: s["exit_code"] for s in steps}
     if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes["accuracy"] != 0 or codes.get("bench", 0) != 0:

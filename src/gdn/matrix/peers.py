@@ -1,4 +1,4 @@
-"""The kernels the peers themselves run, per cell, from the manifest's fla section (gdn.manifest): whether
+"""The kernels the peers themselves run, per cell, from the manifest's fla section (gdn.backends.fla): whether
 fla imports, per dtype of the call (bf16 and fp32) the kernel its own dispatch takes for the chunk op and
 for the chunk_bwd_dqkwg its backward dispatches again, whether its Hopper guard blocks the gated
 backward, and the versions of the packages that decide it. The report shows them beside gdn's own

@@ -5,7 +5,7 @@
                       hardware or with stand-ins, the runtime it ran in beside matrix.yaml's, and its pins
                       that the environment lacked
     interrupted.json  a run stopped by a signal, beside the last complete run (which it never replaces)
-    manifest.json     `python -m gdn.manifest --json` inside the cell (versions, devices, resolutions)
+    manifest.json     `python -m gdn.matrix.probe` inside the cell (versions, devices, resolutions)
     resolution.json   the resolution records alone (gdn.resolutions())
     junit.xml         pytest --junitxml
     tests.jsonl       each test's outcome as it finished (gdn.matrix.outcomes): what a run that ended early

@@ -2,9 +2,9 @@
 
     cell.json         CellOutcome      written by the cell runner (gdn.matrix.cell)
     interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
-    manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
+    manifest.json     Manifest         written by the probe inside the cell (gdn.matrix.probe)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
-    bench.json        BenchFile        written by the cell's benchmark (bench.cell)
+    bench.json        BenchFile        written by the cell's benchmark (gdn.matrix.bench)
     kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
     accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
@@ -154,7 +154,7 @@ Section = dict[str, Any]
 
 @dataclass
 class Manifest:
-    """manifest.json (gdn.manifest): the sections the report reads are typed as objects (a section the
+    """manifest.json (gdn.matrix.probe): the sections the report reads are typed as objects (a section the
     probe could not fill is {"error": ...}); everything else the probe records is allowed as is."""
 
     python: Section | None = None
