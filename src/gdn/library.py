@@ -2,7 +2,7 @@
 
 Inside a compiled region the public ops call these instead of running the resolver and the backend
 in Python: Dynamo sees one opaque op per call, so a training or decode step compiles without graph
-breaks, and the backend is chosen when the op runs (gdn.dispatch: once per op, device and mode,
+breaks, and the backend is chosen when the op runs (gdn.resolve: once per op, device and mode,
 recorded as outside a graph). Each op has a fake implementation (validation on the tensors' metadata,
 then the outputs' shapes and dtypes) and, where it is differentiable, a registered autograd whose
 backward is a custom op too: it recomputes the forward with the serving backend under autograd and
@@ -25,7 +25,7 @@ import torch
 
 from gdn import _validate as check
 from gdn.calls import PREPARE, positional_names
-from gdn.dispatch import STEP_TENSORS, run_op
+from gdn.prepared import STEP_TENSORS, run_op
 
 NAMESPACE = "gdn"
 
@@ -227,7 +227,7 @@ BY_NAME = {op.name: op for op in OPS}
 
 def _forward(op: LibraryOp) -> Callable:
     # the leading tensors of an op with prepared steps go by position, the way its steps take them
-    # (gdn.dispatch), so that a compiled decode loop's calls run the prepared step as eager ones do
+    # (gdn.prepared), so that a compiled decode loop's calls run the prepared step as eager ones do
     width = STEP_TENSORS.get(op.public, 0)
 
     def impl(*args):
