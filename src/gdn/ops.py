@@ -21,12 +21,12 @@ from gdn.tensor_metadata import SameMetadata, metadata
 
 
 def _public(prepare: Callable[..., calls.Call]) -> Callable:
+    """The public op over `prepare` (gdn.calls): its signature, name and docstring. A call is bound to
+    its arguments where it is validated (a call that cannot bind raises the TypeError of its op)."""
     name = prepare.__name__
-    positional = calls.positional_names(prepare)
 
     @functools.wraps(prepare)
     def run(*args, **kwargs):
-        calls.refuse_extra_positionals(name, len(args), positional)
         if torch.compiler.is_compiling():
             return library.call(name, args, kwargs)
         return run_op(name, args, kwargs)

@@ -22,12 +22,13 @@ import torch
 
 from gdn import _validate as check
 from gdn import dispatch
+from gdn.op_specs import SPECS
 from gdn.resolve import Resolution, decided, guards_values, last_route, record_route
 from gdn.tensor_metadata import SameMetadata, metadata
 
 # the ops that may have a prepared step, and how many leading positional arguments are its tensors
 # (a call that passes one of them by keyword takes the full path)
-STEP_TENSORS = {"fused_recurrent_gated_delta_rule_update": 7}  # q, k, v, g, beta, ssm_pool, ssm_indices
+STEP_TENSORS = {spec.name: spec.step_tensors for spec in SPECS if spec.step_tensors}
 # a step's other arguments (options) must be plain values: a tensor among them (cu_seqlens) is bound
 # into the launch, so such a call takes the full path
 _OPTION_TYPES = (bool, int, float, type(None))
