@@ -237,6 +237,8 @@ _CONV_FN_ARGS = (
     Arg("cache_indices", "Tensor", None, True, dense=True),
     Arg("has_initial_state", "Tensor", None, True, dense=True),
 )
+_CONV_OUTPUTS = (Output("out", like="x"), Output("final_states", None, asked_by="return_final_states", dropped=True))
+_CONV_GRADS = ("x", "weight", "bias", "initial_states")
 
 SPECS = (
     OpSpec(
@@ -274,15 +276,15 @@ SPECS = (
     OpSpec(
         "causal_conv1d_fn",
         _CONV_FN_ARGS,
-        (Output("out", like="x"), Output("final_states", None, asked_by="return_final_states", dropped=True)),
-        ("x", "weight", "bias", "initial_states"),
+        _CONV_OUTPUTS,
+        _CONV_GRADS,
         mutates=("conv_states",),
         forms=(
             CustomOp(
                 "causal_conv1d_fn",
                 ("x", "weight", "bias", "activation", "seq_idx", "initial_states", "return_final_states"),
-                (Output("out", like="x"), Output("final_states", None, asked_by="return_final_states", dropped=True)),
-                ("x", "weight", "bias", "initial_states"),
+                _CONV_OUTPUTS,
+                _CONV_GRADS,
             ),
             # the varlen form writes its conv-state pool: an inference op of its own (no autograd with a mutation)
             CustomOp(

@@ -9,12 +9,15 @@ the op runs."""
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from gdn import calls, library
 from gdn.dispatch import serve
+from gdn.op_specs import BY_NAME
 from gdn.prepared import prepared_step, run_op
 from gdn.resolve import last_route, record_route
 from gdn.tensor_metadata import SameMetadata, metadata
@@ -53,8 +56,10 @@ fused_gdn_gating = _public(calls.fused_gdn_gating)
 # as the public call: metadata equal to a validated call's, values checked by the kernel or on the host
 # as the public call would.
 OP = "fused_recurrent_gated_delta_rule_update"
-# what a step takes, in its order; the pool and the options are the prepared call's
-STEP_ARGUMENTS = ("q", "k", "v", "g", "beta", "ssm_indices")
+_SPEC = BY_NAME[OP]
+# what a step takes, in its order: the step's tensors but the pool; the pool and the options are the
+# prepared call's
+STEP_ARGUMENTS = tuple(name for name in _SPEC.names[: _SPEC.step_tensors] if name not in _SPEC.mutates)
 
 
 def _wants_grad(tensors: tuple) -> bool:
@@ -72,32 +77,13 @@ class PreparedPoolDecode:
     whose kernel does not check the indices, or a torch.compile region make every step the public call,
     and so does a step whose tensors need gradients."""
 
-    def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        ssm_pool: torch.Tensor,
-        ssm_indices: torch.Tensor,
-        scale: float | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        use_qk_l2norm_in_kernel: bool = False,
-        *,
-        state_v_first: bool = False,
-    ) -> None:
-        arguments = (q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
-        served = serve(OP, arguments, {"state_v_first": state_v_first})
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        served = serve(OP, args, kwargs)
+        arguments = _SPEC.bind(args, kwargs)
         self.route: str = last_route() or served.backend
-        self._pool = ssm_pool
-        self._options = {
-            "scale": scale,
-            "cu_seqlens": cu_seqlens,
-            "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
-            "state_v_first": state_v_first,
-        }
-        self._same = SameMetadata((q, k, v, g, beta, ssm_indices))
+        self._pool = arguments["ssm_pool"]
+        self._options = {name: arguments[name] for name in _SPEC.names[_SPEC.step_tensors :]}
+        self._same = SameMetadata(tuple(arguments[name] for name in STEP_ARGUMENTS))
         self._step: Callable[..., torch.Tensor] | None = prepared_step(served)
 
     def __call__(
@@ -116,6 +102,11 @@ class PreparedPoolDecode:
             return fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, self._pool, ssm_indices, **self._options)
         record_route(self.route, OP, q.dtype)
         return self._step(q, k, v, g, beta, self._pool, ssm_indices)
+
+    __init__.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *_SPEC.signature().parameters.values()],
+        return_annotation="None",
+    )
 
     def _refuse(self, found: tuple) -> None:
         for name, got, prepared in zip(STEP_ARGUMENTS, found, self._same.metadata, strict=True):
