@@ -153,10 +153,9 @@ def _op(build: Callable[[OpSpec, Arguments], Call]) -> Callable[..., Call]:
 
     def prepare(*args: Any, **kwargs: Any) -> Call:
         arguments = spec.bind(args, kwargs)
-        if spec.refused:
-            c = check.Checker(spec.name)
-            for arg in spec.refused:
-                c.unsupported(arg.name, arguments[arg.name], arg.default, arg.refused)
+        for arg in spec.refused:
+            if arguments[arg.name] is not arg.default:
+                check.Checker(spec.name).unsupported(arg.name, arguments[arg.name], arg.default, arg.refused)
         return build(spec, arguments)
 
     functools.update_wrapper(prepare, build)
@@ -178,8 +177,10 @@ def _dense(spec: OpSpec, arguments: Arguments) -> Arguments:
 
 
 def _made(cls: type[Call], arguments: Arguments, **computed: Any) -> Call:
-    """The call of type `cls` from the validated arguments, with the fields validation computed."""
-    return cls(*[computed[f] if f in computed else arguments[f] for f in _field_names(cls)])
+    """The call of type `cls` from the validated arguments (the call's own binding, free to change),
+    with the fields validation computed."""
+    arguments.update(computed)
+    return cls(*map(arguments.__getitem__, _field_names(cls)))
 
 
 def _key_first(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:

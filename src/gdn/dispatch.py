@@ -13,7 +13,7 @@ from gdn.calls import PREPARE, Call
 from gdn.resolve import Resolution, guards_values, resolve, trusts_values
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Served:
     """A validated call, the backend that serves it, its implementation and the resolution it came from."""
 

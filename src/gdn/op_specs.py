@@ -158,11 +158,18 @@ class OpSpec:
                 if name in given:
                     raise TypeError(f"{self.name}() got multiple values for argument '{name}'")
                 values[name] = value
-        for name in self.required:
-            if values[name] is REQUIRED:
-                missing = [n for n in self.required if values[n] is REQUIRED]
+        if len(args) < self._bound_by_position:
+            missing = [n for n in self.required if values[n] is REQUIRED]
+            if missing:
                 raise TypeError(f"{self.name}() missing required arguments: {missing}")
         return values
+
+    @functools.cached_property
+    def _bound_by_position(self) -> int:
+        """How many positional arguments bind every required one (any more: none is missing)."""
+        if any(a.keyword_only and a.default is REQUIRED for a in self.args):
+            return len(self.positional) + 1  # a required keyword: always look
+        return max((i + 1 for i, a in enumerate(self.args) if a.default is REQUIRED), default=0)
 
     def _refuse_extra_positionals(self, given: int) -> None:
         positional = self.positional
