@@ -161,8 +161,17 @@ class OpSpec:
         if len(args) < self._bound_by_position:
             missing = [n for n in self.required if values[n] is REQUIRED]
             if missing:
-                raise TypeError(f"{self.name}() missing required arguments: {missing}")
+                raise TypeError(self._missing(missing))
         return values
+
+    def _missing(self, missing: list[str]) -> str:
+        """Python's own message for missing arguments: the positional ones first, else keyword-only."""
+        positional = [n for n in missing if n in self.positional]
+        names, kind = (positional, "positional") if positional else (missing, "keyword-only")
+        quoted = [f"'{n}'" for n in names]
+        listed = " and ".join(quoted) if len(quoted) < 3 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+        plural = "s" if len(names) > 1 else ""
+        return f"{self.name}() missing {len(names)} required {kind} argument{plural}: {listed}"
 
     @functools.cached_property
     def _bound_by_position(self) -> int:
@@ -179,7 +188,9 @@ class OpSpec:
                 f"{self.name}: argument {len(positional) + 1} ('{name}' in {peer}) must be passed by keyword: gdn "
                 f"takes only {', '.join(positional)} by position"
             )
-        raise TypeError(f"{self.name}() takes {len(positional)} positional arguments but {given} were given")
+        least = sum(1 for n in positional if n in self.required)
+        takes = str(len(positional)) if least == len(positional) else f"from {least} to {len(positional)}"
+        raise TypeError(f"{self.name}() takes {takes} positional arguments but {given} were given")
 
 
 def _refused(name: str, kind: str, feature: str) -> Arg:
