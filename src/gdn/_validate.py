@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -135,11 +135,13 @@ def remember_accepted(check: Checked) -> Checked:
     shapes, dtypes, devices and scalar values; a call whose arguments match those of a call already
     accepted gets that call's result without running them again (a decode step repeats one signature
     every token, and the checks cost more host time than the kernel's launch). The value checks still
-    run per call, on this call's tensors: the accepted call's are recorded and re-registered."""
+    run per call, on this call's tensors: the accepted call's are recorded and re-registered. `check`
+    takes the op's name and its bound arguments (gdn.op_specs.OpSpec.bind: one order per op)."""
     accepted: dict[tuple, tuple[Any, list[PendingCheck]]] = {}
 
     @functools.wraps(check)
-    def checked(*args: Any) -> Any:
+    def checked(op: str, arguments: Mapping[str, Any]) -> Any:
+        values = tuple(arguments.values())
         # what the metadata checks read of each argument, hashable; None for one they may read more of
         # (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in
         # full. One comprehension: a decode step computes this every token.
@@ -150,24 +152,25 @@ def remember_accepted(check: Checked) -> Checked:
                 else (type(a), a)
                 if type(a) in SCALARS
                 else None
-                for a in args
+                for a in values
             ]
         )
         if None in key:
-            return check(*args)
+            return check(op, arguments)
+        key = (op, key)
         hit = accepted.get(key)
         if hit is not None:
             result, recipes = hit
             for value_check, where in recipes:
-                _value_check(value_check, *(args[i] if i is not None else const for i, const in where))
+                _value_check(value_check, *(values[i] if i is not None else const for i, const in where))
             return result
         recorded: list[PendingCheck] = []
         token = _recording.set((*_recording.get(), recorded))
         try:
-            result = check(*args)
+            result = check(op, arguments)
         finally:
             _recording.reset(token)
-        recipes = [(fn, _positions(fn_args, args)) for fn, fn_args in recorded]
+        recipes = [(fn, _positions(fn_args, values)) for fn, fn_args in recorded]
         if all(where is not None for _, where in recipes):
             if len(accepted) >= ACCEPTED_LIMIT:
                 accepted.clear()
@@ -377,23 +380,16 @@ class GdnShapes:
 
 
 @remember_accepted
-def check_gdn_inputs(
-    op: str,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    initial_state,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel,
-    head_first,
-    state_v_first=False,
-) -> tuple[GdnShapes, float]:
-    """The shared contract of the chunk and recurrent GDN ops (FLA layout). The initial state is
-    [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
+def check_gdn_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, float]:
+    """The shared contract of the chunk and recurrent GDN ops (FLA layout), and the token part of the
+    pool decode's (which has no initial_state or head_first). The initial state is [N, HV, K, V], or
+    [N, HV, V, K] with state_v_first."""
+    q, k, v, g, beta = (arguments[n] for n in ("q", "k", "v", "g", "beta"))
+    scale, cu_seqlens, state_v_first = arguments["scale"], arguments["cu_seqlens"], arguments["state_v_first"]
+    initial_state = arguments.get("initial_state")
+    use_qk_l2norm_in_kernel = arguments["use_qk_l2norm_in_kernel"]
     c = Checker(op)
+    head_first = arguments.get("head_first", False)
     c.head_first(head_first)
     c.flag("state_v_first", state_v_first)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -447,17 +443,15 @@ def check_gdn_inputs(
 
 
 @remember_accepted
-def check_pool_decode_inputs(
-    op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel, state_v_first=False
-) -> tuple[GdnShapes, float]:
+def check_pool_decode_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, float]:
     """The pool decode contract: ssm_pool [max_slots, HV, K, V], or [max_slots, HV, V, K] with
     state_v_first."""
+    q, ssm_pool, ssm_indices = arguments["q"], arguments["ssm_pool"], arguments["ssm_indices"]
+    state_v_first = arguments["state_v_first"]
     c = Checker(op)
     c.tensor("ssm_pool", ssm_pool)
     c.tensor("ssm_indices", ssm_indices)
-    shapes, scale = check_gdn_inputs(
-        op, q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, False, state_v_first
-    )
+    shapes, scale = check_gdn_inputs(op, arguments)
     c.same_device({"q": q, "ssm_pool": ssm_pool, "ssm_indices": ssm_indices})
     layout = "[max_slots, HV, V, K] (state_v_first)" if state_v_first else "[max_slots, HV, K, V]"
     c.ndim("ssm_pool", ssm_pool, 4, layout)
@@ -486,20 +480,13 @@ def check_conv_weight(c: Checker, x, weight, bias, dim: int) -> int:
 
 
 @remember_accepted
-def check_conv_fn_inputs(
-    x,
-    weight,
-    bias,
-    activation,
-    seq_idx,
-    initial_states,
-    return_final_states,
-    query_start_loc,
-    conv_states,
-    cache_indices,
-    has_initial_state,
-) -> None:
-    c = Checker("causal_conv1d_fn")
+def check_conv_fn_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, weight, bias, activation = (arguments[n] for n in ("x", "weight", "bias", "activation"))
+    seq_idx, initial_states = arguments["seq_idx"], arguments["initial_states"]
+    return_final_states, query_start_loc = arguments["return_final_states"], arguments["query_start_loc"]
+    conv_states, cache_indices = arguments["conv_states"], arguments["cache_indices"]
+    has_initial_state = arguments["has_initial_state"]
+    c = Checker(op)
     c.tensor("x", x)
     c.activation(activation)
     c.flag("return_final_states", return_final_states)
@@ -579,8 +566,10 @@ def check_conv_fn_inputs(
 
 
 @remember_accepted
-def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices) -> None:
-    c = Checker("causal_conv1d_update")
+def check_conv_update_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, conv_state, weight, bias = (arguments[n] for n in ("x", "conv_state", "weight", "bias"))
+    activation, conv_state_indices = arguments["activation"], arguments["conv_state_indices"]
+    c = Checker(op)
     c.tensor("x", x)
     c.tensor("conv_state", conv_state)
     c.tensor("conv_state_indices", conv_state_indices, optional=True)
@@ -614,8 +603,9 @@ def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state
 
 
 @remember_accepted
-def check_l2norm_inputs(x, eps) -> None:
-    c = Checker("l2norm")
+def check_l2norm_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, eps = arguments["x"], arguments["eps"]
+    c = Checker(op)
     c.tensor("x", x)
     c.float_dtype("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
@@ -624,8 +614,9 @@ def check_l2norm_inputs(x, eps) -> None:
 
 
 @remember_accepted
-def check_gating_inputs(A_log, a, b, dt_bias) -> None:
-    c = Checker("fused_gdn_gating")
+def check_gating_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    A_log, a, b, dt_bias = (arguments[n] for n in ("A_log", "a", "b", "dt_bias"))
+    c = Checker(op)
     for name, t in (("A_log", A_log), ("a", a), ("b", b), ("dt_bias", dt_bias)):
         c.tensor(name, t)
         c.float_dtype(name, t)

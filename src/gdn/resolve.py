@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gdn import env_vars, kernel_log
+from gdn import env_vars, kernel_log, numeric_probe
 from gdn.backends.base import Backend
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
@@ -84,6 +84,33 @@ class Resolution:
                 for reason, count in self.refusals.items()
             ],
         }
+
+    def serve(self, call: Call) -> tuple[str, Callable]:
+        """The backend and implementation for one validated call (gdn.calls.Call): this resolution's;
+        the next candidate's when the backend refuses the call; eager when the call needs gradients and
+        the backend serves the op forward only (logged once per op, device and backend). The call is
+        noted in the kernel log in force (gdn.kernel_log), with the backends that passed it on and why."""
+        res = self
+        passed_over: list[tuple[str, str]] = []
+        reason = _registry()[res.backend].refusal(res.op, call)
+        while reason is not None:
+            passed_over.append((res.backend, reason))
+            res = _refused(res, reason, call)
+            reason = _registry()[res.backend].refusal(res.op, call)
+        backend, route, fn = res.backend, res.route, res.fn
+        if res.forward_only and _needs_grad(call):
+            key = (res.op, res.device, res.backend)
+            with _lock:
+                if key not in _training_fallbacks:
+                    _training_fallbacks.add(key)
+                    log.info(
+                        f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager"
+                    )
+            passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
+            eager = _registry()[EAGER]
+            backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
+        record_route(route, res.op, call.dtype, tuple(passed_over))
+        return backend, fn
 
 
 _lock = threading.RLock()
@@ -210,8 +237,6 @@ def _not_candidates(device_type: str, mode: str, candidates: list[Backend]) -> l
 
 
 def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend], like: Call | None) -> Resolution:
-    from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
-
     device_type = device.type
     rejected: list[Rejection] = []
     is_strict = strict()
@@ -226,7 +251,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
         if reason is None and backend.needs_probe:
             compile_ahead = None if backend.compile_ahead is None else functools.partial(backend.compile_ahead, op)
             with kernel_log.during(f"numeric probe of {backend.name}"):
-                report = probe_op(
+                report = numeric_probe.probe_op(
                     op,
                     fn,
                     device,
@@ -324,35 +349,10 @@ def _refused(res: Resolution, reason: str, call: Call) -> Resolution:
     return res.fallback
 
 
-def for_call(res: Resolution, call: Call) -> tuple[str, Callable]:
-    """The backend and implementation for one validated call (gdn.calls.Call): the resolved one; the
-    next candidate's when the backend refuses the call; eager when the call needs gradients and the
-    backend serves the op forward only (logged once per op, device and backend). The call is noted in
-    the kernel log in force (gdn.kernel_log), with the backends that passed it on and why."""
-    passed_over: list[tuple[str, str]] = []
-    reason = _registry()[res.backend].refusal(res.op, call)
-    while reason is not None:
-        passed_over.append((res.backend, reason))
-        res = _refused(res, reason, call)
-        reason = _registry()[res.backend].refusal(res.op, call)
-    backend, route, fn = res.backend, res.route, res.fn
-    if res.forward_only and _needs_grad(call):
-        key = (res.op, res.device, res.backend)
-        with _lock:
-            if key not in _training_fallbacks:
-                _training_fallbacks.add(key)
-                log.info(f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager")
-        passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
-        eager = _registry()[EAGER]
-        backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
-    record_route(route, res.op, call.dtype, tuple(passed_over))
-    return backend, fn
-
-
 def record_route(route: str, op: str, dtype: torch.dtype, passed_over: tuple[tuple[str, str], ...] = ()) -> None:
     """Record `route` as the one that served this thread's latest call of `op` (inputs of `dtype`), and
-    note the call in the kernel log in force: for_call does, and so does a caller that serves calls
-    through an implementation it took from for_call once (gdn.prepared, gdn.dispatch's steps)."""
+    note the call in the kernel log in force: Resolution.serve does, and so does a caller that serves
+    calls through an implementation it took from Resolution.serve once (gdn.prepared's steps)."""
     _last_route.set(route)
     if kernel_log.ACTIVE is not None:
         kernel_log.note("gdn", op, dtype, route, passed_over)
