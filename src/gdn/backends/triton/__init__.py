@@ -34,7 +34,7 @@ PROBE_TOLERANCE = {
     "causal_conv1d_update": 1e-5,
     "fused_gdn_gating": 1e-5,
 }
-# The serving kernels have no backward: calls that need gradients run eager (gdn.resolve.for_call).
+# The serving kernels have no backward: calls that need gradients run eager (gdn.resolve.Resolution.serve).
 FORWARD_ONLY = frozenset(
     {
         "fused_recurrent_gated_delta_rule",
