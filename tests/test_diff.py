@@ -13,7 +13,8 @@ import pytest
 from gdn.matrix import diff as diff_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.report import build_report, write_report
+from gdn.matrix.report import write_report
+from gdn.matrix.report_build import build_report
 from gdn.matrix.schema import CellOutcome
 
 pytestmark = pytest.mark.tooling

@@ -17,7 +17,7 @@ import pytest
 
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import parse_matrix
-from gdn.matrix.report import build_report
+from gdn.matrix.report_build import build_report
 
 pytestmark = pytest.mark.tooling
 

@@ -12,7 +12,8 @@ import pytest
 from gdn.matrix import diff as diff_mod
 from gdn.matrix import speed
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.report import render_html, render_markdown
+from gdn.matrix.report_html import render_html
+from gdn.matrix.report_markdown import render_markdown
 
 pytestmark = pytest.mark.tooling
 

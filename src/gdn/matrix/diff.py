@@ -39,7 +39,7 @@ from gdn.matrix.jsonio import (
 )
 from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
 from gdn.matrix.markdown import fit_summary, md_cell, md_table
-from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
+from gdn.matrix.report_text import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import shape_text
 
