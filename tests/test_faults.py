@@ -28,6 +28,7 @@ from gdn.matrix import cell as cell_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
+from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
@@ -215,10 +216,12 @@ def test_report_md_stays_under_a_job_summary_however_many_cells_and_failures(tmp
         {"test": f"t::test_{i}", "outcome": "failed", "family": "probe", "message": "m" * 5000} for i in range(500)
     ]
     heavy = {**entry, "failures": failures, "problems": ["p" * 5000] * 300}
-    md = report_markdown.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3)]})
+    md = report_markdown.render_markdown(typed({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3)]}))
     assert len(md.encode()) < 200_000
     assert "- … and 480 more (see report.json)" in md and "- **cell-2**: … and 280 more (see report.json)" in md
-    md = report_markdown.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3000)]})
+    md = report_markdown.render_markdown(
+        typed({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3000)]})
+    )
     assert len(md.encode()) < 1 << 20
     assert md.rstrip().endswith("is in report.json and report.html.")
 
@@ -499,7 +502,7 @@ def test_an_interrupted_run_keeps_the_last_good_result_and_ends_its_processes(tm
     entry = {c["name"]: c for c in built["cells"]}["c"]
     assert (entry["status"], entry["interrupted"]["signal"]) == ("passed", signum.name)
     shown = f"a later run was interrupted by {signum.name} at {interrupted['interrupted_at']}"
-    assert shown in report_markdown.render_markdown(built) and shown in report_html.render_html(built)
+    assert shown in report_markdown.render_markdown(typed(built)) and shown in report_html.render_html(typed(built))
     assert _leftovers(results) == []
 
 

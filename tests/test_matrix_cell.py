@@ -345,6 +345,7 @@ def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_pa
     import time
 
     from gdn.matrix import cli, report_build, report_markdown
+    from report_models import typed
 
     results, late, started = tmp_path / "results", tmp_path / "late.txt", tmp_path / "started.txt"
     matrix_path = tmp_path / "matrix.yaml"
@@ -390,6 +391,6 @@ def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_pa
     assert record["reason"].startswith(f"the runner (pid {runner.pid} on ")
     assert "died without recording its end: killed outright (SIGKILL: the OOM killer" in record["reason"]
     assert "the results shown are of the last complete run; its tests before it stopped: 1 passed" in record["reason"]
-    assert "a later run died at " in report_markdown.render_markdown(report_build.build_report(results))
+    assert "a later run died at " in report_markdown.render_markdown(typed(report_build.build_report(results)))
     assert json.loads((results / "c" / "interrupted.json").read_text()) == record
     assert not list((results / ".staging").glob("c/*")), "the dead run's staging is cleared"

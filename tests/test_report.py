@@ -21,6 +21,7 @@ from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome, PinDifference
 from gdn.op_names import OP_NAMES
+from report_models import typed, typed_entry
 
 pytestmark = pytest.mark.tooling
 
@@ -564,13 +565,13 @@ def test_unreadable_files_and_bad_records_become_problems(tmp_path):
     assert (nocell["status"], nocell["reason"]) == ("error", "cell.json is missing: the cell never recorded an outcome")
     assert nocell["problems"][0] == nocell["reason"]
     assert nocell["problems"][1].startswith("manifest.json is not JSON: ")
-    assert '<section class="cell s-error" id="cell-nocell"' in report_html.render_html(report)
+    assert '<section class="cell s-error" id="cell-nocell"' in report_html.render_html(typed(report))
 
 
 def test_route_text_marks_fallbacks():
     entry = {"backend": "eager", "route": "eager", "rejected": [{"backend": "triton", "reason": "x"}]}
-    assert report_parts.route_text(entry) == "eager (triton rejected)"
-    assert report_parts.route_text({"backend": None, "route": None, "error": "boom"}) == "error"
+    assert report_parts.route_text(typed_entry(entry)) == "eager (triton rejected)"
+    assert report_parts.route_text(typed_entry({"backend": None, "route": None, "error": "boom"})) == "error"
     assert report_parts.route_text(None) == "—"
 
 
@@ -583,7 +584,7 @@ def _md_row(section: str, first: str) -> str:
 
 
 def test_markdown(report):
-    md = report_markdown.render_markdown(report)
+    md = report_markdown.render_markdown(typed(report))
     assert md.startswith(f"# gdn-matrix report\n\nGenerated {report['generated_at']}.")
     cells = _md_section(md, "Cells")
     assert "| cell | status | device | card | runtime | lock | duration | reason |" in cells
@@ -655,7 +656,7 @@ def test_markdown_caps_failures_and_escapes_pipes(report):
     cell["failures"] = [
         {"test": f"t::case{i}", "family": "single_op", "outcome": "failed", "message": "a | b"} for i in range(25)
     ]
-    md = report_markdown.render_markdown(report)
+    md = report_markdown.render_markdown(typed(report))
     assert "- `t::case19` (failed): a \\| b" in md
     assert "t::case20" not in md
     assert "- … and 5 more (see report.json)" in md
@@ -666,7 +667,7 @@ def test_html_caps_failures(report):
     cell["failures"] = [
         {"test": f"t::case{i}", "family": "shape_grid", "outcome": "failed", "message": None} for i in range(205)
     ]
-    html = report_html.render_html(report)
+    html = report_html.render_html(typed(report))
     assert "<code>t::case199</code>" in html
     assert "t::case200" not in html
     assert "… and 5 more in report.json" in html
@@ -683,7 +684,7 @@ def test_bench_svg_skips_untimed_rows():
 def test_write_report_files(report, tmp_path):
     paths = report_mod.write_report(report, tmp_path / "out")
     assert json.loads(paths["json"].read_text()) == report
-    assert paths["md"].read_text() == report_markdown.render_markdown(report)
+    assert paths["md"].read_text() == report_markdown.render_markdown(typed(report))
     html = paths["html"].read_text()
     # self-contained: nothing is fetched from anywhere
     assert "http" not in html
@@ -828,7 +829,7 @@ def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(hon
     assert (cell["runtime"], cell["matrix_runtime"], cell["real_hardware"]) == ("host", "docker", True)
     assert cell["cards"] == ["NVIDIA H200", "NVIDIA H200"]
     assert cell["pin_differences"] == H200_DIFFERENCES
-    md = report_markdown.render_markdown(honest)
+    md = report_markdown.render_markdown(typed(honest))
     assert _md_row(_md_section(md, "Cells"), "cuda-36") == (
         "| cuda-36 | ✅ passed | cuda | 2 × NVIDIA H200 | host (matrix.yaml: docker) | — | — | — |"
     )
@@ -836,7 +837,7 @@ def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(hon
         "\n- **cuda-36** (runtime host (matrix.yaml: docker)): "
         "host torch 2.11.0+cu130, cell pins 2.13.0; host fla not installed, cell pins 0.6.0\n"
     )
-    html = report_html.render_html(honest)
+    html = report_html.render_html(typed(honest))
     assert '<td class="warn">host (matrix.yaml: docker)</td>' in html
     assert "<td>2 × NVIDIA H200</td>" in html
     assert '<tr title="host torch 2.11.0+cu130, cell pins 2.13.0"><td>torch</td><td>2.13.0</td>' in html
@@ -850,10 +851,10 @@ def test_cells_that_did_not_run_are_not_checked_and_say_what_they_need(honest):
     assert _cell(honest, "cpu-here")["reason"] == (
         "no results: never run; needs only a Python environment with gdn installed"
     )
-    md = report_markdown.render_markdown(honest)
+    md = report_markdown.render_markdown(typed(honest))
     assert "expectation not met" not in md
     assert "cuda-broken" not in _md_section(md, "Differences from the pins")
-    html = report_html.render_html(honest)
+    html = report_html.render_html(typed(honest))
     section = html.split('id="cell-cuda-broken"', 1)[1].split("</section>", 1)[0]
     assert '<td class="s-not_run">not checked</td>' in section
     assert "real hardware" not in section and "not met" not in section
@@ -871,15 +872,15 @@ def test_the_cells_table_shows_the_lock_digest_of_an_image_cell(tmp_path):
     )
     report = report_build.build_report(tmp_path, parse_matrix(HONEST_MATRIX))
     assert _cell(report, "cpu-image")["lock"] == lock
-    row = _md_row(_md_section(report_markdown.render_markdown(report), "Cells"), "cpu-image")
+    row = _md_row(_md_section(report_markdown.render_markdown(typed(report)), "Cells"), "cpu-image")
     assert "| docker | 0123456789ab |" in row
-    assert f'<td title="{digest}">0123456789ab</td>' in report_html.render_html(report)
+    assert f'<td title="{digest}">0123456789ab</td>' in report_html.render_html(typed(report))
 
 
 def test_each_state_reads_as_one_word_and_why_a_backend_was_not_tried_is_shown(report):
     """A cell not run shows "not run" everywhere (torch_npu's MISSING stays in report.json's verdict),
     and the resolution table says why the backends that were never candidates were not tried."""
-    html = report_html.render_html(report)
+    html = report_html.render_html(typed(report))
     assert _cell(report, "npu-absent")["verdict"] == "MISSING"
     assert "MISSING" not in html and ">not_run<" not in html and ">build_failed<" not in html
     assert '<span class="badge s-not_run">not run</span>' in html
@@ -892,10 +893,10 @@ def test_unmarked_records_that_are_only_skips_get_no_family_column(report):
     are no family's tests. An unmarked test that ran is shown."""
     cell = _cell(report, "cpu-ok")
     cell["families"]["unmarked"] = {"passed": 0, "failed": 0, "error": 0, "skipped": 3, "total": 3}
-    assert "unmarked" not in report_parts.report_families(report)
-    assert "| unmarked |" not in report_markdown.render_markdown(report)
+    assert "unmarked" not in report_parts.report_families(typed(report))
+    assert "| unmarked |" not in report_markdown.render_markdown(typed(report))
     cell["families"]["unmarked"] = {"passed": 1, "failed": 0, "error": 0, "skipped": 3, "total": 4}
-    assert report_parts.report_families(report)[-1] == "unmarked"
+    assert report_parts.report_families(typed(report))[-1] == "unmarked"
 
 
 def test_a_cpu_cell_that_ran_beside_a_gpu_is_shown_and_checked_on_the_gpu():

@@ -34,11 +34,11 @@ from gdn.matrix.report_markdown import render_markdown
 def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
     # render everything before writing anything, so a rendering bug cannot leave a mixed set; the
-    # report is checked against its model first, so that diff can read every report this writes
-    # strict JSON: every number in it was read from a file that had to be strict JSON too
+    # pages are rendered from report.json's model as diff reads it, so that diff can read every
+    # report this writes; strict JSON: every number in it was read from a file that had to be too
     text = json.dumps(report, indent=2, allow_nan=False) + "\n"
-    schema.load(schema.Report, text, "report.json")
-    markdown, html = render_markdown(report), render_html(report)
+    model = schema.load(schema.Report, text, "report.json")
+    markdown, html = render_markdown(model), render_html(model)
     atomic_write(paths["json"], text)
     atomic_write(paths["md"], markdown)
     atomic_write(paths["html"], html)

@@ -211,7 +211,7 @@ def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]
     outcome = results.outcome
     if outcome is None:
         if results.interrupted is not None and not results.invalid:
-            return "interrupted", results.interrupted.reason + failed_so_far(asdict(results.interrupted))
+            return "interrupted", results.interrupted.reason + failed_so_far(results.interrupted.tests_failed)
         first = problems[0] if problems else "cell.json is missing"
         return "error", f"invalid results: {first}" if first in results.invalid else first
     if results.invalid:

@@ -8,7 +8,7 @@ from importlib import resources
 from typing import Any
 
 from gdn.matrix import accuracy_report, kernel_report, speed
-from gdn.matrix.accuracy.table import error_text
+from gdn.matrix.accuracy.table import case_text, error_text, kernels_text
 from gdn.matrix.report_parts import (
     accelerator_missing,
     card_text,
@@ -29,7 +29,8 @@ from gdn.matrix.report_parts import (
     status_text,
     version_columns,
 )
-from gdn.matrix.report_text import bench_label, expectation_text
+from gdn.matrix.report_text import bench_label
+from gdn.matrix.schema import Report
 
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
 HTML_FAILURES_SHOWN = 200
@@ -86,7 +87,6 @@ def _html_environment():
         resolution_state=resolution_state,
         hardware_note=hardware_note,
         interrupted_text=interrupted_text,
-        expectation_text=expectation_text,
         expectation_state=expectation_state,
         card_text=card_text,
         status_text=status_text,
@@ -100,26 +100,26 @@ def _html_environment():
         kernel_line=kernel_report.kernel_line,
         comparison_text=kernel_report.comparison_text,
         peer_dispatch=kernel_report.peer_dispatch,
-        accuracy_case=accuracy_report.case,
-        accuracy_peers=accuracy_report.peers,
+        accuracy_case=case_text,
+        accuracy_peers=kernels_text,
         accuracy_worst=accuracy_report.worst_name,
         error_text=error_text,
     )
     return env
 
 
-def render_html(report: dict[str, Any]) -> str:
+def render_html(report: Report) -> str:
     from markupsafe import Markup
 
     source = resources.files("gdn.matrix").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
     template = _html_environment().from_string(source)
     # built from escaped parts in bench_svg, speed.html and accuracy_report.svg, so marked safe here and nowhere else
-    plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := bench_svg(c.get("bench")))}
-    speed_tables = {c["name"]: Markup(table) for c in report["cells"] if (table := speed.html(c))}
-    accuracy_plots = {c["name"]: Markup(svg) for c in report["cells"] if (svg := accuracy_report.svg(c))}
+    plots = {c.name: Markup(svg) for c in report.cells if (svg := bench_svg(c.bench))}
+    speed_tables = {c.name: Markup(table) for c in report.cells if (table := speed.html(c))}
+    accuracy_plots = {c.name: Markup(svg) for c in report.cells if (svg := accuracy_report.svg(c))}
     counts: dict[str, int] = {}
-    for cell in report["cells"]:
-        counts[cell["status"]] = counts.get(cell["status"], 0) + 1
+    for cell in report.cells:
+        counts[cell.status] = counts.get(cell.status, 0) + 1
     return template.render(
         report=report,
         families=report_families(report),

@@ -6,26 +6,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from gdn.matrix.schema import Expectation
+
 # the family of tests no family marker claims
 UNMARKED_FAMILY = "unmarked"
 # an interrupted run's failed tests named in its one-line reason
 FAILED_SHOWN = 5
 
 
-def failed_so_far(record: dict[str, Any]) -> str:
-    """The failed tests an interrupted run had finished, the first few by name."""
-    failed = record.get("tests_failed") or []
+def failed_so_far(failed: list[str]) -> str:
+    """The failed tests an interrupted run had finished (its `tests_failed`), the first few by name."""
     if not failed:
         return ""
     more = len(failed) - FAILED_SHOWN
     return f" (failed: {'; '.join(failed[:FAILED_SHOWN])}{f'; and {more} more' if more > 0 else ''})"
 
 
-def expectation_text(expect: dict[str, Any]) -> str:
-    wanted = expect["backend"] + (f" ({expect['route']})" if expect.get("route") else "")
-    if expect.get("actual_backend") is None:
-        return f"{expect['op']}: expected {wanted}, nothing resolved"
-    return f"{expect['op']}: expected {wanted}, resolved {expect['actual_backend']} ({expect.get('actual_route')})"
+def expectation_text(expect: Expectation) -> str:
+    wanted = expect.backend + (f" ({expect.route})" if expect.route else "")
+    if expect.actual_backend is None:
+        return f"{expect.op}: expected {wanted}, nothing resolved"
+    return f"{expect.op}: expected {wanted}, resolved {expect.actual_backend} ({expect.actual_route})"
 
 
 def _shape_text(shape: Any) -> str:
