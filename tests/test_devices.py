@@ -137,7 +137,7 @@ def test_one_entry_makes_a_kind_known_to_config_runner_and_report(with_rocm, tmp
     ]
     write_json(results / "rocm-x" / "resolution.json", records)
     write_json(results / "rocm-x" / "manifest.json", {"devices": {"cuda": {"devices": [{"name": "AMD MI300X"}]}}})
-    built = report_build.build_report(results, matrix)
+    built = report_build.build_report(results, matrix).to_json()
     ran, never = built["cells"]
     assert report_parts.cell_primary_device(typed_cell(ran)) == "cuda" and not report_parts.accelerator_missing(
         typed_cell(ran)

@@ -293,7 +293,7 @@ def test_a_lock_change_is_listed_package_by_package_and_is_no_regression(tmp_pat
     for name, lock in (("old", old_lock), ("new", new_lock)):
         directory = tmp_path / name / "cuda-triton36"
         CellOutcome(cell="cuda-triton36", status="passed", device="cuda", runtime="docker", lock=lock).write(directory)
-        reports.append(build_report(tmp_path / name))
+        reports.append(build_report(tmp_path / name).to_json())
     assert [r["cells"][0]["lock"] for r in reports] == [old_lock, new_lock]
     diff = diff_typed(*reports)
     assert diff.regressions == []

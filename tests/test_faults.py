@@ -210,7 +210,7 @@ def test_report_md_stays_under_a_job_summary_however_many_cells_and_failures(tmp
     _report_of(root, tmp_path)
     md = (tmp_path / "out" / "report.md").read_bytes()
     assert len(md) < 20_000
-    built = report_build.build_report(root)
+    built = report_build.build_report(root).to_json()
     [entry] = built["cells"]
     failures = [
         {"test": f"t::test_{i}", "outcome": "failed", "family": "probe", "message": "m" * 5000} for i in range(500)
@@ -498,7 +498,7 @@ def test_an_interrupted_run_keeps_the_last_good_result_and_ends_its_processes(tm
     interrupted = json.loads((results / "c" / "interrupted.json").read_text())
     assert interrupted["signal"] == signum.name
     assert interrupted["reason"] == f"interrupted by {signum.name}: the results shown are of the last complete run"
-    built = report_build.build_report(results)
+    built = report_build.build_report(results).to_json()
     entry = {c["name"]: c for c in built["cells"]}["c"]
     assert (entry["status"], entry["interrupted"]["signal"]) == ("passed", signum.name)
     shown = f"a later run was interrupted by {signum.name} at {interrupted['interrupted_at']}"
@@ -561,9 +561,9 @@ def test_a_dead_runs_marker_is_recorded_by_the_report_or_the_next_run_never_whil
     good = _good_result(monkeypatch, tmp_path, results)
     staging = _dead_run(results)
     with FileLock(results / ".guards" / "c.guard"):  # a live run of the cell: its marker is its own
-        assert report_build.build_report(results)["cells"][0]["interrupted"] is None
+        assert report_build.build_report(results).to_json()["cells"][0]["interrupted"] is None
         assert (staging.parent / "runner.json").exists() and staging.exists()
-    [entry] = report_build.build_report(results)["cells"]
+    [entry] = report_build.build_report(results).to_json()["cells"]
     record = entry["interrupted"]
     assert (entry["status"], record["signal"], record["runner_died"]) == ("passed", "unknown", True)
     assert record["reason"].startswith("the runner (pid 999999 on h) died without recording its end")

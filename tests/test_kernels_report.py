@@ -109,7 +109,7 @@ def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
     run_cell(root, "triton", "fla_registry")
     run_cell(root, "tilelang", "fla_registry", "flashqla_site")
-    built = report_build.build_report(root / "results")
+    built = report_build.build_report(root / "results").to_json()
     old = {**built, "cells": [c for c in built["cells"] if c["name"] == "triton"]}
     new = {**built, "cells": [c for c in built["cells"] if c["name"] == "tilelang"]}
     write_json(root / "old.json", {**old, "cells": [{**c, "name": "cpu"} for c in old["cells"]]})

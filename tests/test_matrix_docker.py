@@ -101,7 +101,7 @@ def test_broken_cells_are_reported_and_spare_the_others(engine, tmp_path):
     assert outcomes["hangs"].duration_s < 120
     assert (survivor / "cell.json").read_bytes() == kept
 
-    report = {c["name"]: c for c in build_report(results, matrix)["cells"]}
+    report = {c["name"]: c for c in build_report(results, matrix).to_json()["cells"]}
     assert report["build-fails"]["status"] == "build_failed"
     assert report["exits-nonzero"]["status"] == "error" and "exited with status" in report["exits-nonzero"]["reason"]
     assert report["hangs"]["status"] == "timeout"

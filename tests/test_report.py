@@ -21,7 +21,7 @@ from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome, PinDifference
 from gdn.op_names import OP_NAMES
-from report_models import typed, typed_entry
+from report_models import typed, typed_cell, typed_entry
 
 pytestmark = pytest.mark.tooling
 
@@ -293,7 +293,7 @@ def results_root(tmp_path: Path, passing_junit: str) -> Path:
 
 @pytest.fixture
 def report(results_root: Path) -> dict[str, Any]:
-    return report_build.build_report(results_root, parse_matrix(MATRIX))
+    return report_build.build_report(results_root, parse_matrix(MATRIX)).to_json()
 
 
 def _cell(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -542,7 +542,7 @@ def test_cell_outside_the_matrix_is_kept(report):
 def test_report_without_a_matrix_lists_what_ran(results_root):
     # a report kept under the results root, as nox keeps results/report/, is not read as a cell
     report_mod.write_report(report_build.build_report(results_root), results_root / "report")
-    report = report_build.build_report(results_root)
+    report = report_build.build_report(results_root).to_json()
     assert [c["name"] for c in report["cells"]] == sorted(
         ["cpu-ok", "npu-fail", "cpu-badjunit", "cuda-build", "cpu-timeout", "orphan"]
     )
@@ -557,7 +557,7 @@ def test_unreadable_files_and_bad_records_become_problems(tmp_path):
     )
     (root / "nocell").mkdir()
     (root / "nocell" / "manifest.json").write_text("{not json")
-    report = report_build.build_report(root)
+    report = report_build.build_report(root).to_json()
     odd, nocell = report["cells"][1], report["cells"][0]
     assert odd["problems"] == ["resolution.json: [0].op: Field required", "bench.json: rows: Field required"]
     assert (odd["status"], odd["reason"]) == ("error", "invalid results: resolution.json: [0].op: Field required")
@@ -682,7 +682,7 @@ def test_bench_svg_skips_untimed_rows():
 
 
 def test_write_report_files(report, tmp_path):
-    paths = report_mod.write_report(report, tmp_path / "out")
+    paths = report_mod.write_report(typed(report), tmp_path / "out")
     assert json.loads(paths["json"].read_text()) == report
     assert paths["md"].read_text() == report_markdown.render_markdown(typed(report))
     html = paths["html"].read_text()
@@ -712,7 +712,7 @@ def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
 
 def test_html_renders_in_headless_chromium(report, tmp_path):
     browser = chromium()
-    html = report_mod.write_report(report, tmp_path / "out")["html"]
+    html = report_mod.write_report(typed(report), tmp_path / "out")["html"]
     dom = _headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
     assert dom.returncode == 0, dom.stderr
     for cell in report["cells"]:
@@ -821,7 +821,7 @@ def honest(tmp_path: Path) -> dict[str, Any]:
         CellOutcome(cell="cuda-broken", status="build_failed", device="cuda", runtime="docker", reason="pip failed"),
         {},
     )
-    return report_build.build_report(root, parse_matrix(HONEST_MATRIX))
+    return report_build.build_report(root, parse_matrix(HONEST_MATRIX)).to_json()
 
 
 def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(honest):
@@ -870,7 +870,7 @@ def test_the_cells_table_shows_the_lock_digest_of_an_image_cell(tmp_path):
         CellOutcome(cell="cpu-image", status="passed", device="cpu", runtime="docker", exit_code=0, lock=lock),
         {},
     )
-    report = report_build.build_report(tmp_path, parse_matrix(HONEST_MATRIX))
+    report = report_build.build_report(tmp_path, parse_matrix(HONEST_MATRIX)).to_json()
     assert _cell(report, "cpu-image")["lock"] == lock
     row = _md_row(_md_section(report_markdown.render_markdown(typed(report)), "Cells"), "cpu-image")
     assert "| docker | 0123456789ab |" in row
@@ -919,5 +919,5 @@ def test_a_cpu_cell_that_ran_beside_a_gpu_is_shown_and_checked_on_the_gpu():
             ],
         }
     ).cells[0]
-    entry = {"device": "cpu", "status": "passed", "resolution": resolution}
-    assert report_build.expectations(cell, entry)[0]["ok"] is True
+    entry = typed_cell({"name": "local", "device": "cpu", "status": "passed", "resolution": resolution})
+    assert report_build.expectations(cell, entry)[0].ok is True

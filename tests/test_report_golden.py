@@ -43,7 +43,7 @@ def built(tmp_path_factory) -> dict[str, Path]:
         results = root / sample / "results"
         shutil.copytree(SAMPLES / sample / "results", results)
         report = build_report(results)
-        report["generated_at"] = GENERATED_AT
+        report.generated_at = GENERATED_AT
         out[sample] = write_report(report, root / sample / "report")["json"].parent
     return out
 

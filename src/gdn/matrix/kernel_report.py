@@ -11,7 +11,6 @@ regression of the diff, as is a test that newly fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gdn.matrix.markdown import md_cell, md_table
 from gdn.matrix.outcomes import FinishedTest
@@ -31,31 +30,20 @@ def kernel_line(k: KernelCount) -> str:
     return f"{k.level} {k.function} {k.dtype} -> {k.ran} ({', '.join(notes)})"
 
 
-def cell_kernels(found: KernelsFile | None) -> dict[str, list[dict[str, Any]]]:
-    """The report's `kernels` of a cell: per step, its KernelCount records as dicts."""
+def cell_kernels(found: KernelsFile | None) -> dict[str, list[KernelCount]]:
+    """The report's `kernels` of a cell: per step, its KernelCount records, the steps in run order."""
     if found is None:
         return {}
-    return {step: [_record(k) for k in found.steps[step]] for step in sorted(found.steps, key=_step_order)}
+    return {step: found.steps[step] for step in sorted(found.steps, key=_step_order)}
 
 
 def _step_order(step: str) -> tuple[int, str]:
     return (STEPS.index(step) if step in STEPS else len(STEPS), step)
 
 
-def _record(k: KernelCount) -> dict[str, Any]:
-    return {
-        "level": k.level,
-        "function": k.function,
-        "dtype": k.dtype,
-        "ran": k.ran,
-        "calls": k.calls,
-        "passed_over": [{"backend": p.backend, "reason": p.reason} for p in k.passed_over],
-        "during": k.during,
-    }
-
-
-def comparisons(finished: list[FinishedTest]) -> list[dict[str, Any]]:
-    """The tests that compared a backend with another, with what they compared and their outcome."""
+def comparisons(finished: list[FinishedTest]) -> list[Comparison]:
+    """The tests that compared a backend with another, with what they compared and their outcome (the
+    `gdn_comparison` property as tests.jsonl wrote it)."""
     found = []
     for test in finished:
         if test.comparison is None:
@@ -63,13 +51,7 @@ def comparisons(finished: list[FinishedTest]) -> list[dict[str, Any]]:
         compared = test.comparison.get("compared") or {}
         fell_back = test.comparison.get("fell_back") or {}
         found.append(
-            {
-                "test": test.nodeid,
-                "outcome": test.outcome,
-                "mode": test.comparison.get("mode"),
-                "compared": dict(compared),
-                "fell_back": dict(fell_back),
-            }
+            Comparison(test.nodeid, test.outcome, test.comparison.get("mode"), dict(compared), dict(fell_back))
         )
     return found
 

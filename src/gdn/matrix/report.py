@@ -21,7 +21,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from gdn.matrix import schema
 from gdn.matrix.config import Matrix, MatrixConfigError, default_matrix_path, load_matrix
@@ -29,14 +28,15 @@ from gdn.matrix.jsonio import atomic_write
 from gdn.matrix.report_build import build_report
 from gdn.matrix.report_html import render_html
 from gdn.matrix.report_markdown import render_markdown
+from gdn.matrix.schema import Report
 
 
-def write_report(report: dict[str, Any], out_dir: Path) -> dict[str, Path]:
+def write_report(report: Report, out_dir: Path) -> dict[str, Path]:
     paths = {"json": out_dir / "report.json", "md": out_dir / "report.md", "html": out_dir / "report.html"}
     # render everything before writing anything, so a rendering bug cannot leave a mixed set; the
     # pages are rendered from report.json's model as diff reads it, so that diff can read every
     # report this writes; strict JSON: every number in it was read from a file that had to be too
-    text = json.dumps(report, indent=2, allow_nan=False) + "\n"
+    text = json.dumps(report.to_json(), indent=2, allow_nan=False) + "\n"
     model = schema.load(schema.Report, text, "report.json")
     markdown, html = render_markdown(model), render_html(model)
     atomic_write(paths["json"], text)

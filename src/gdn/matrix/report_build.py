@@ -14,13 +14,14 @@ the reason.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from gdn.backends import fla_choices
-from gdn.matrix import devices, kernel_report, runs, speed
+from gdn.matrix import devices, kernel_report, runs, schema, speed
 from gdn.matrix.config import Cell, Matrix
 from gdn.matrix.outcomes import FILE as OUTCOMES
 from gdn.matrix.outcomes import FinishedTest
@@ -35,7 +36,21 @@ from gdn.matrix.results import (
     status_of,
     test_case,
 )
-from gdn.matrix.schema import REPORT_SCHEMA, BenchFile, CellOutcome, ResolutionRecord, Verdict
+from gdn.matrix.schema import (
+    REPORT_SCHEMA,
+    BenchFile,
+    CellOutcome,
+    Expectation,
+    Failure,
+    FamilyCounts,
+    KernelCount,
+    Rejection,
+    Report,
+    ReportCell,
+    ResolutionEntry,
+    ResolutionRecord,
+    Verdict,
+)
 from gdn.matrix.versions import dig, versions
 from gdn.op_names import OP_NAMES
 
@@ -54,20 +69,20 @@ VERDICTS: dict[str, Verdict] = {
 }
 
 
-def _resolution_entry(record: ResolutionRecord) -> dict[str, Any]:
+def _resolution_entry(record: ResolutionRecord) -> ResolutionEntry:
     if record.error is not None:
-        return {"backend": None, "route": None, "error": record.error}
-    rejected = [{"backend": r.backend, "reason": r.reason} for r in record.rejected]
-    passed_over = [{"backend": r.backend, "reason": r.reason} for r in record.not_candidates]
-    return {"backend": record.backend, "route": record.route, "rejected": rejected, "not_candidates": passed_over}
+        return ResolutionEntry(error=record.error)
+    rejected = [Rejection(r.backend, r.reason) for r in record.rejected]
+    passed_over = [Rejection(r.backend, r.reason) for r in record.not_candidates]
+    return ResolutionEntry(record.backend, record.route, rejected, passed_over)
 
 
 def _op_order(op: str) -> tuple[int, str]:
     return (OP_NAMES.index(op) if op in OP_NAMES else len(OP_NAMES), op)
 
 
-def resolution_map(records: list[ResolutionRecord]) -> dict[str, dict[str, dict[str, Any]]]:
-    by_op: dict[str, dict[str, dict[str, Any]]] = {}
+def resolution_map(records: list[ResolutionRecord]) -> dict[str, dict[str, ResolutionEntry]]:
+    by_op: dict[str, dict[str, ResolutionEntry]] = {}
     for record in records:
         by_op.setdefault(record.op, {})[record.device] = _resolution_entry(record)
     return {op: by_op[op] for op in sorted(by_op, key=_op_order)}
@@ -77,28 +92,27 @@ def family_order(family: str) -> tuple[int, str]:
     return (FAMILY_MARKERS.index(family) if family in FAMILY_MARKERS else len(FAMILY_MARKERS), family)
 
 
-def family_counts(tests: list[TestCase]) -> dict[str, dict[str, int]]:
-    counts: dict[str, dict[str, int]] = {}
+def family_counts(tests: list[TestCase]) -> dict[str, FamilyCounts]:
+    counts: dict[str, FamilyCounts] = {}
     for test in tests:
-        family = counts.setdefault(
-            test.family or UNMARKED_FAMILY, {"passed": 0, "failed": 0, "error": 0, "skipped": 0, "total": 0}
-        )
-        family[test.outcome] += 1
-        family["total"] += 1
+        family = counts.setdefault(test.family or UNMARKED_FAMILY, FamilyCounts())
+        setattr(family, test.outcome, getattr(family, test.outcome) + 1)
+        family.total += 1
     return {name: counts[name] for name in sorted(counts, key=family_order)}
 
 
-def failures(tests: list[TestCase], finished: list[FinishedTest]) -> list[dict[str, Any]]:
-    """The failed and errored tests, each with the kernels its calls ran where tests.jsonl has them."""
+def failures(tests: list[TestCase], finished: list[FinishedTest]) -> list[Failure]:
+    """The failed and errored tests, each with the kernels its calls ran where tests.jsonl has them
+    (its lines as written, read here as the kernel log's records)."""
     ran = {_test_name(test_case(t)): t.kernels for t in finished if t.kernels}
     return [
-        {
-            "test": _test_name(t),
-            "family": t.family,
-            "outcome": t.outcome,
-            "message": t.message,
-            "kernels": ran.get(_test_name(t)) or [],
-        }
+        Failure(
+            test=_test_name(t),
+            outcome=t.outcome,
+            family=t.family,
+            message=t.message,
+            kernels=schema.load(list[KernelCount], json.dumps(ran.get(_test_name(t)) or []), OUTCOMES),
+        )
         for t in tests
         if t.outcome in ("failed", "error")
     ]
@@ -126,7 +140,7 @@ def accelerator_kind(device: str | None) -> devices.DeviceKind | None:
     return kind if kind is not None and kind.accelerator else None
 
 
-def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) -> str:
+def primary_device(device: str | None, resolution: dict[str, dict[str, ResolutionEntry]]) -> str:
     """The torch device of the cell's accelerator where it resolved ops on one, else cpu (e.g. an NPU
     cell run without the NPU visible has cpu records only); a cell that resolved nothing keeps its own.
     A cpu cell that ran on a machine with an accelerator (the host cell on a GPU box) is shown there:
@@ -143,28 +157,19 @@ def primary_device(device: str | None, resolution: dict[str, dict[str, Any]]) ->
     return "cpu"
 
 
-def expectations(cell: Cell | None, entry: dict[str, Any]) -> list[dict[str, Any]]:
+def expectations(cell: Cell | None, shown: ReportCell) -> list[Expectation]:
     """Each expected resolution with what resolved; ok is None (not checked) where the cell resolved
     nothing: a cell that did not run has shown neither that it meets them nor that it does not."""
     if cell is None:
         return []
-    device = primary_device(entry["device"], entry["resolution"])
-    ran = entry["status"] not in NOT_RAN and bool(entry["resolution"])
+    device = primary_device(shown.device, shown.resolution)
+    ran = shown.status not in NOT_RAN and bool(shown.resolution)
     checked = []
     for expect in cell.expect:
-        actual = entry["resolution"].get(expect.op, {}).get(device, {})
-        backend, route = actual.get("backend"), actual.get("route")
+        actual = shown.resolution.get(expect.op, {}).get(device)
+        backend, route = (actual.backend, actual.route) if actual is not None else (None, None)
         ok = (backend == expect.backend and expect.route in (None, route)) if ran else None
-        checked.append(
-            {
-                "op": expect.op,
-                "backend": expect.backend,
-                "route": expect.route,
-                "actual_backend": backend,
-                "actual_route": route,
-                "ok": ok,
-            }
-        )
+        checked.append(Expectation(expect.op, expect.backend, expect.route, backend, route, ok))
     return checked
 
 
@@ -240,47 +245,47 @@ def cards(device: str | None, manifest: dict[str, Any] | None) -> list[str]:
     return [str(d["name"]) for d in found or [] if isinstance(d, dict) and d.get("name")]
 
 
-def cell_entry(results: CellResults, cell: Cell | None) -> dict[str, Any]:
+def cell_entry(results: CellResults, cell: Cell | None) -> ReportCell:
     problems = list(results.problems)
     resolution = resolution_map(results.resolution)
     bench = bench_rows(results.bench, problems)
     # last, so that it sees every problem found while reading the cell
     status, reason = _status(results, problems)
-    known = asdict(results.outcome) if results.outcome is not None else {}
-    device = known.get("device") or (cell.device if cell else None)
-    entry: dict[str, Any] = {
-        "name": results.name,
-        "status": status,
-        "reason": reason,
-        "verdict": VERDICTS[status],
-        "device": device,
-        "runtime": known.get("runtime") or (cell.runtime if cell else None),
-        "matrix_runtime": known.get("matrix_runtime") or (cell.runtime if cell else None),
+    known = results.outcome
+    device = (known.device if known else None) or (cell.device if cell else None)
+    shown = ReportCell(
+        name=results.name,
+        status=status,
+        reason=reason,
+        verdict=VERDICTS[status],
+        device=device,
+        runtime=(known.runtime if known else None) or (cell.runtime if cell else None),
+        matrix_runtime=(known.matrix_runtime if known else None) or (cell.runtime if cell else None),
         # whether the tests ran on the real device: unknown (None) for a cell that never ran them
-        "real_hardware": None if status in NOT_RAN else bool(known.get("real_hardware", False)),
-        "cards": cards(device, results.manifest),
-        "stand_ins": list(known.get("stand_ins") or []),
-        "duration_s": known.get("duration_s"),
-        "image": known.get("image"),
-        "image_built": known.get("image_built"),
-        "exit_code": known.get("exit_code"),
-        "log_tail": known.get("log_tail"),
-        "lock": known.get("lock"),
-        "versions": versions(results.manifest),
-        "pin_differences": known.get("pin_differences"),
-        "resolution": resolution,
-        "families": family_counts(results.tests),
-        "failures": failures(results.tests, results.finished),
-        "bench": bench,
-        "peer_kernels": {"fla": fla_choices.fla_kernel(results.manifest)},
-        "kernels": kernel_report.cell_kernels(results.kernels),
-        "comparisons": kernel_report.comparisons(results.finished),
-        "accuracy": None if results.accuracy is None else asdict(results.accuracy),
-    }
-    entry["expectations"] = expectations(cell, entry)
-    entry["problems"] = problems
-    entry["interrupted"] = asdict(results.interrupted) if results.interrupted is not None else None
-    return entry
+        real_hardware=None if status in NOT_RAN else bool(known and known.real_hardware),
+        cards=cards(device, results.manifest),
+        stand_ins=list(known.stand_ins) if known else [],
+        duration_s=known.duration_s if known else None,
+        image=known.image if known else None,
+        image_built=known.image_built if known else None,
+        exit_code=known.exit_code if known else None,
+        log_tail=known.log_tail if known else None,
+        lock=known.lock if known else None,
+        versions=versions(results.manifest),
+        pin_differences=known.pin_differences if known else None,
+        resolution=resolution,
+        families=family_counts(results.tests),
+        failures=failures(results.tests, results.finished),
+        bench=bench,
+        peer_kernels={"fla": fla_choices.fla_kernel(results.manifest)},
+        kernels=kernel_report.cell_kernels(results.kernels),
+        comparisons=kernel_report.comparisons(results.finished),
+        accuracy=results.accuracy,
+        problems=problems,
+        interrupted=results.interrupted,
+    )
+    shown.expectations = expectations(cell, shown)
+    return shown
 
 
 def _is_report_dir(directory: Path) -> bool:
@@ -288,7 +293,7 @@ def _is_report_dir(directory: Path) -> bool:
     return (directory / "report.json").is_file() and not (directory / "cell.json").exists()
 
 
-def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, Any]:
+def build_report(results_root: Path, matrix: Matrix | None = None) -> Report:
     """The report of `results_root`; a run that died with its marker left (and whose cell no live run
     holds) is recorded first, as the next run of its cell would."""
     if results_root.is_dir():
@@ -296,9 +301,4 @@ def build_report(results_root: Path, matrix: Matrix | None = None) -> dict[str, 
     found = {r.name: r for r in read_results(results_root) if not _is_report_dir(results_root / r.name)}
     cells = [cell_entry(found.pop(c.name, None) or _never_run(c), c) for c in (matrix.cells if matrix else ())]
     cells += [cell_entry(found[name], None) for name in sorted(found)]
-    return {
-        "schema": REPORT_SCHEMA,
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "ops": list(OP_NAMES),
-        "cells": cells,
-    }
+    return Report(REPORT_SCHEMA, datetime.now(timezone.utc).isoformat(timespec="seconds"), list(OP_NAMES), cells)

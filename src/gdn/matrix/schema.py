@@ -333,6 +333,14 @@ class ResolutionEntry:
     not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """As report.json has it: a resolution that failed has its error and nothing else."""
+        if self.error is not None:
+            return {"backend": None, "route": None, "error": self.error}
+        data = asdict(self)
+        del data["error"]
+        return data
+
 
 @dataclass
 class FamilyCounts:
@@ -351,6 +359,11 @@ class Failure:
     message: str | None = None
     # what the test's calls ran, at every dispatch level (tests.jsonl, where the kernel log recorded it)
     kernels: list[KernelCount] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        # report.json's order: the family beside the test's name
+        return {key: data[key] for key in ("test", "family", "outcome", "message", "kernels")}
 
 
 @dataclass
@@ -422,6 +435,16 @@ class Report:
     generated_at: str
     ops: list[str]
     cells: list[ReportCell]
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for cell, written in zip(self.cells, data["cells"], strict=True):
+            written["resolution"] = {
+                op: {device: entry.to_json() for device, entry in per_device.items()}
+                for op, per_device in cell.resolution.items()
+            }
+            written["failures"] = [failure.to_json() for failure in cell.failures]
+        return data
 
 
 # ---------------------------------------------------------------- reading and publishing
