@@ -1,18 +1,10 @@
 """Merge every results/<cell>/ into one matrix report: report.json (the source of truth, versioned
 schema), report.md (sized for a GitHub job summary) and report.html (one self-contained page).
 
-Cells named in the matrix but without a results directory are reported as not run, with what they need
-(gdn.matrix.devices), so a report always shows the whole matrix; results of cells the matrix no longer
-names are kept, since they were run. What a cell that did not run would have shown is "not checked",
-never "not met".
-
-A cell's status is the worst of what its files show, not cell.json's word alone: a failed or errored
-test in junit.xml or tests.jsonl, a junit.xml missing or empty where the cell got to its tests, an exit
-code that says otherwise, a file that does not validate (a NaN among them) each make it worse, with
-the reason. report.json is strict JSON; report.md stays within what a GitHub job summary takes.
-
-The report is built by gdn.matrix.report_build and rendered by gdn.matrix.report_markdown and
-gdn.matrix.report_html; this module writes the three files and is the `gdn-matrix report` command.
+The report is built by gdn.matrix.report_build (which says how a cell's status is judged) and rendered
+from report.json's model by gdn.matrix.report_markdown and gdn.matrix.report_html; this module writes
+the three files and is the `gdn-matrix report` command. report.json is strict JSON; report.md stays
+within what a GitHub job summary takes.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ and ignored (a newer writer may add some).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -461,12 +462,20 @@ MODELS: dict[str, Any] = {
 }
 
 
+@functools.cache
+def _adapter(model: Any) -> Any:
+    """One validator per model: building one costs far more than a small file's validation."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model)
+
+
 def load(model: Any, text: str | bytes, source: str) -> Any:
     """`text` validated as `model`; SchemaError names `source` (the file) and the first field at fault."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(model).validate_json(text, strict=True)
+        return _adapter(model).validate_json(text, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
