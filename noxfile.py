@@ -207,7 +207,8 @@ def loaded_matrix(session: nox.Session) -> Matrix:
 
 
 def refresh_report(session: nox.Session) -> None:
-    from gdn.matrix.report import build_report, write_report
+    from gdn.matrix.report import write_report
+    from gdn.matrix.report_build import build_report
 
     try:
         report = build_report(RESULTS, loaded_matrix(session))

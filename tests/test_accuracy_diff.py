@@ -12,6 +12,7 @@ import pytest
 
 from gdn.matrix import diff
 from gdn.matrix.jsonio import write_json
+from report_models import diff_typed
 
 pytestmark = pytest.mark.tooling
 
@@ -80,7 +81,7 @@ def test_growth_under_the_floor_or_the_factor_is_not_a_regression():
         rows[1]["errors"]["dg"] = 5e-6  # 2.5x, but fp32 under the 1e-5 floor
         rows[2]["errors"]["o"] = 7e-3  # bf16 over the floor, but under 2x
 
-    assert diff.diff_reports(*changed(grow)).accuracy_regressions == []
+    assert diff_typed(*changed(grow)).accuracy_regressions == []
 
 
 def test_an_error_that_became_non_finite_or_a_row_no_longer_measured_regresses():
@@ -88,7 +89,7 @@ def test_an_error_that_became_non_finite_or_a_row_no_longer_measured_regresses()
         rows[1]["errors"]["o"] = None
         rows[2].update(status="error", errors={}, reason="RuntimeError: ACL error")
 
-    found = diff.diff_reports(*changed(break_rows)).accuracy_regressions
+    found = diff_typed(*changed(break_rows)).accuracy_regressions
     assert [(r.backend, r.dtype, r.quantity, r.why) for r in found] == [
         ("triton", "float32", "o", "7.0e-07 → not finite"),
         ("triton", "bfloat16", None, "no longer measured (error: RuntimeError: ACL error)"),

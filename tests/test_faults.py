@@ -17,17 +17,19 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gdn.kernel_log import KernelEntry
-from gdn.matrix import accuracy, cli, kernels, report, runs
+from gdn.matrix import accuracy, cli, kernels, report_build, report_html, report_markdown, runs
 from gdn.matrix import cell as cell_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.schema import CellOutcome
+from gdn.matrix.schema import CellOutcome, Failure
+from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
@@ -209,16 +211,15 @@ def test_report_md_stays_under_a_job_summary_however_many_cells_and_failures(tmp
     _report_of(root, tmp_path)
     md = (tmp_path / "out" / "report.md").read_bytes()
     assert len(md) < 20_000
-    built = report.build_report(root)
-    [entry] = built["cells"]
-    failures = [
-        {"test": f"t::test_{i}", "outcome": "failed", "family": "probe", "message": "m" * 5000} for i in range(500)
-    ]
-    heavy = {**entry, "failures": failures, "problems": ["p" * 5000] * 300}
-    md = report.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3)]})
+    built = report_build.build_report(root)
+    [entry] = built.cells
+    failures = [Failure(test=f"t::test_{i}", outcome="failed", family="probe", message="m" * 5000) for i in range(500)]
+    heavy = replace(entry, failures=failures, problems=["p" * 5000] * 300)
+    md = report_markdown.render_markdown(replace(built, cells=[replace(heavy, name=f"cell-{i}") for i in range(3)]))
     assert len(md.encode()) < 200_000
     assert "- … and 480 more (see report.json)" in md and "- **cell-2**: … and 280 more (see report.json)" in md
-    md = report.render_markdown({**built, "cells": [{**heavy, "name": f"cell-{i}"} for i in range(3000)]})
+    # the cells share their strings: 3000 copies of one 6 MB cell would not fit in memory
+    md = report_markdown.render_markdown(replace(built, cells=[replace(heavy, name=f"cell-{i}") for i in range(3000)]))
     assert len(md.encode()) < 1 << 20
     assert md.rstrip().endswith("is in report.json and report.html.")
 
@@ -495,11 +496,11 @@ def test_an_interrupted_run_keeps_the_last_good_result_and_ends_its_processes(tm
     interrupted = json.loads((results / "c" / "interrupted.json").read_text())
     assert interrupted["signal"] == signum.name
     assert interrupted["reason"] == f"interrupted by {signum.name}: the results shown are of the last complete run"
-    built = report.build_report(results)
+    built = report_build.build_report(results).to_json()
     entry = {c["name"]: c for c in built["cells"]}["c"]
     assert (entry["status"], entry["interrupted"]["signal"]) == ("passed", signum.name)
     shown = f"a later run was interrupted by {signum.name} at {interrupted['interrupted_at']}"
-    assert shown in report.render_markdown(built) and shown in report.render_html(built)
+    assert shown in report_markdown.render_markdown(typed(built)) and shown in report_html.render_html(typed(built))
     assert _leftovers(results) == []
 
 
@@ -558,9 +559,9 @@ def test_a_dead_runs_marker_is_recorded_by_the_report_or_the_next_run_never_whil
     good = _good_result(monkeypatch, tmp_path, results)
     staging = _dead_run(results)
     with FileLock(results / ".guards" / "c.guard"):  # a live run of the cell: its marker is its own
-        assert report.build_report(results)["cells"][0]["interrupted"] is None
+        assert report_build.build_report(results).to_json()["cells"][0]["interrupted"] is None
         assert (staging.parent / "runner.json").exists() and staging.exists()
-    [entry] = report.build_report(results)["cells"]
+    [entry] = report_build.build_report(results).to_json()["cells"]
     record = entry["interrupted"]
     assert (entry["status"], record["signal"], record["runner_died"]) == ("passed", "unknown", True)
     assert record["reason"].startswith("the runner (pid 999999 on h) died without recording its end")

@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from gdn.matrix import diff, report
+from gdn.matrix import diff, report_build, report_html, report_markdown
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
+from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
@@ -108,7 +109,7 @@ def reports(tmp_path_factory):
     root = tmp_path_factory.mktemp("kernels")
     run_cell(root, "triton", "fla_registry")
     run_cell(root, "tilelang", "fla_registry", "flashqla_site")
-    built = report.build_report(root / "results")
+    built = report_build.build_report(root / "results").to_json()
     old = {**built, "cells": [c for c in built["cells"] if c["name"] == "triton"]}
     new = {**built, "cells": [c for c in built["cells"] if c["name"] == "tilelang"]}
     write_json(root / "old.json", {**old, "cells": [{**c, "name": "cpu"} for c in old["cells"]]})
@@ -135,10 +136,10 @@ def test_the_failing_test_carries_its_kernels_into_the_report(reports):
     assert failure["test"].endswith("test_fla_kernel_matches_eager")
     lines = [f"{k['level']} {k['function']} {k['dtype']} -> {k['ran']}" for k in failure["kernels"]]
     assert "fla common.chunk_bwd_dqkwg float32 -> tilelang" in lines
-    markdown = report.render_markdown(built)
+    markdown = report_markdown.render_markdown(typed(built))
     assert "  - ran: fla common.chunk_bwd_dqkwg float32 -> tilelang (x1)" in markdown
     assert "| tilelang | tests | fla | common.chunk_bwd_dqkwg | float32 | tilelang |" in markdown
-    html = report.render_html(built)
+    html = report_html.render_html(typed(built))
     assert "ran: fla common.chunk_bwd_dqkwg float32 -&gt; tilelang" in html
 
 
@@ -149,7 +150,7 @@ def test_a_comparison_that_fell_back_says_so(reports):
     assert "numeric probe failed" in compared["fell_back"]["chunk_gated_delta_rule"]
     [full] = cells["triton"]["comparisons"]
     assert full["compared"] == {"chunk_gated_delta_rule": "fla:0.6.0"}
-    markdown = report.render_markdown(built)
+    markdown = report_markdown.render_markdown(typed(built))
     assert "fla compared on 0 of 1 ops; fell back: chunk_gated_delta_rule to eager: numeric probe failed" in markdown
     assert "fla compared on 1 of 1 ops (chunk_gated_delta_rule)" in markdown
 

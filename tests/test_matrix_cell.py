@@ -263,7 +263,7 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
     import textwrap
     import time
 
-    from gdn.matrix import report
+    from gdn.matrix import report_build
     from gdn.matrix.results import read_cell
 
     results = tmp_path / "results"
@@ -296,7 +296,7 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
         "interrupted by SIGTERM: no complete run is recorded;"
         " its tests before it stopped: 1 passed, 1 failed, 1 skipped"
     )
-    [shown] = report.build_report(results)["cells"]
+    [shown] = report_build.build_report(results).to_json()["cells"]
     assert shown["status"] == "interrupted" and "(failed: " in shown["reason"] and "test_broken" in shown["reason"]
 
     # a timeout publishes the run: its tests.jsonl stands in for the junit.xml it never wrote
@@ -345,7 +345,7 @@ def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_pa
     import sys
     import time
 
-    from gdn.matrix import cli, report
+    from gdn.matrix import cli, report_build, report_markdown
 
     results, late, started = tmp_path / "results", tmp_path / "late.txt", tmp_path / "started.txt"
     matrix_path = tmp_path / "matrix.yaml"
@@ -384,13 +384,13 @@ def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_pa
     assert not late.exists(), "a process the killed run started kept running"
     assert (results / "c" / "cell.json").read_bytes() == good
 
-    [shown] = report.build_report(results)["cells"]
+    [shown] = report_build.build_report(results).to_json()["cells"]
     assert (shown["status"], shown["verdict"]) == ("passed", "PASSED"), "the last good result is kept"
     record = shown["interrupted"]
     assert (record["signal"], record["runner_died"], record["tests_finished"]) == ("unknown", True, {"passed": 1})
     assert record["reason"].startswith(f"the runner (pid {runner.pid} on ")
     assert "died without recording its end: killed outright (SIGKILL: the OOM killer" in record["reason"]
     assert "the results shown are of the last complete run; its tests before it stopped: 1 passed" in record["reason"]
-    assert "a later run died at " in report.render_markdown(report.build_report(results))
+    assert "a later run died at " in report_markdown.render_markdown(report_build.build_report(results))
     assert json.loads((results / "c" / "interrupted.json").read_text()) == record
     assert not list((results / ".staging").glob("c/*")), "the dead run's staging is cleared"

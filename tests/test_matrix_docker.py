@@ -17,7 +17,7 @@ import pytest
 
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import parse_matrix
-from gdn.matrix.report import build_report
+from gdn.matrix.report_build import build_report
 
 pytestmark = pytest.mark.tooling
 
@@ -101,7 +101,7 @@ def test_broken_cells_are_reported_and_spare_the_others(engine, tmp_path):
     assert outcomes["hangs"].duration_s < 120
     assert (survivor / "cell.json").read_bytes() == kept
 
-    report = {c["name"]: c for c in build_report(results, matrix)["cells"]}
+    report = {c["name"]: c for c in build_report(results, matrix).to_json()["cells"]}
     assert report["build-fails"]["status"] == "build_failed"
     assert report["exits-nonzero"]["status"] == "error" and "exited with status" in report["exits-nonzero"]["reason"]
     assert report["hangs"]["status"] == "timeout"

@@ -12,90 +12,81 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from gdn.matrix.accuracy.table import case_text, error_text, kernels_text, outcome_text
 from gdn.matrix.markdown import md_cell, md_table
-from gdn.matrix.schema import AccuracyRow, KernelCount, Rejection
+from gdn.matrix.schema import AccuracyRow, ReportCell
 
 DEFAULT_FACTOR = 2.0
 # errors under these are rounding whatever their ratio: fp32 kernels sit at 1e-7-1e-6, bf16 at 1e-3-5e-3
 FLOORS = {"float32": 1e-5, "bfloat16": 5e-3, "float16": 5e-3}
 
 
-def _row_key(row: dict[str, Any]) -> tuple[str, str, str, str | None, str | None]:
-    return (row["op"], row["backend"], row["dtype"], row["regime"], row["layout"])
+def _row_key(row: AccuracyRow) -> tuple[str, str, str, str | None, str | None]:
+    return (row.op, row.backend, row.dtype, row.regime, row.layout)
 
 
-def _as_row(row: dict[str, Any]) -> AccuracyRow:
-    """A report's row (accuracy.json's, as a dict) as the table's text functions take it."""
-    kernels = [KernelCount(**{**k, "passed_over": [Rejection(**p) for p in k["passed_over"]]}) for k in row["kernels"]]
-    return AccuracyRow(**{**row, "kernels": kernels})
-
-
-def case(row: dict[str, Any]) -> str:
-    return case_text(_as_row(row))
-
-
-def peers(row: dict[str, Any]) -> str:
-    return kernels_text(_as_row(row))
-
-
-def worst(row: dict[str, Any]) -> tuple[str, float | None] | None:
-    if not row["errors"]:
+def worst(row: AccuracyRow) -> tuple[str, float | None] | None:
+    if not row.errors:
         return None
-    return max(row["errors"].items(), key=lambda item: math.inf if item[1] is None else item[1])
+    return max(row.errors.items(), key=lambda item: math.inf if item[1] is None else item[1])
 
 
 # ---------------------------------------------------------------- report.md and report.html
 
 
-def markdown(cells: list[dict[str, Any]]) -> list[str]:
+def markdown(cells: list[ReportCell]) -> list[str]:
     lines: list[str] = []
     for cell in cells:
-        found = cell.get("accuracy")
-        if not found:
+        found = cell.accuracy
+        if found is None:
             continue
-        shape = " ".join(f"{k}={v}" for k, v in found["shape"].items())
+        shape = " ".join(f"{k}={v}" for k, v in found.shape.items())
         rows = [
-            [r["op"], md_cell(r["route"] or r["backend"]), case(r), md_cell(marked(r, "**")), md_cell(peers(r) or "—")]
-            for r in found["rows"]
+            [
+                r.op,
+                md_cell(r.route or r.backend),
+                case_text(r),
+                md_cell(marked(r, "**")),
+                md_cell(kernels_text(r) or "—"),
+            ]
+            for r in found.rows
         ]
-        lines += [f"### Accuracy: {cell['name']} ({found['device']}, {shape})", ""]
+        lines += [f"### Accuracy: {cell.name} ({found.device}, {shape})", ""]
         lines += [*md_table(["op", "backend", "case", "||out - ref|| / ||ref|| (worst in bold)", "peer kernels"], rows)]
-        lines += [f"- {name}: not measured here: {md_cell(why)}" for name, why in found["unavailable"].items()]
+        lines += [f"- {name}: not measured here: {md_cell(why)}" for name, why in found.unavailable.items()]
         lines.append("")
     return ["## Accuracy (against fp64 references)", "", *lines] if lines else []
 
 
-def marked(row: dict[str, Any], mark: str) -> str:
+def marked(row: AccuracyRow, mark: str) -> str:
     """The row's errors with its worst between `mark`s (markdown's **), or why it has none."""
     found = worst(row)
     if found is None:
-        return outcome_text(_as_row(row))
+        return outcome_text(row)
     name, _ = found
-    texts = {q: f"{q} {error_text(e)}" for q, e in row["errors"].items()}
+    texts = {q: f"{q} {error_text(e)}" for q, e in row.errors.items()}
     return ", ".join(f"{mark}{text}{mark}" if q == name else text for q, text in texts.items())
 
 
 LOG_MIN, LOG_MAX = -8, 0  # the plot's decades: 1e-8 .. 1
 
 
-def worst_name(row: dict[str, Any]) -> str | None:
+def worst_name(row: AccuracyRow) -> str | None:
     found = worst(row)
     return None if found is None else found[0]
 
 
-def svg(cell: dict[str, Any]) -> str | None:
+def svg(cell: ReportCell) -> str | None:
     """Each measured row's worst error as a bar on a log scale (1e-8 .. 1), labelled; None without rows.
     Built from escaped parts (report.html marks it safe)."""
     from markupsafe import escape
 
     bars = []
-    for row in (cell.get("accuracy") or {}).get("rows", []):
+    for row in cell.accuracy.rows if cell.accuracy else []:
         found = worst(row)
         if found is not None:
-            bars.append((f"{row['op']} · {row['route'] or row['backend']} · {case(row)} · {found[0]}", found[1]))
+            bars.append((f"{row.op} · {row.route or row.backend} · {case_text(row)} · {found[0]}", found[1]))
     if not bars:
         return None
     bar_h, gap, label_w, plot_w, value_w = 16, 4, 560, 400, 90
@@ -154,25 +145,25 @@ class AccuracyRegression:
         return f"{self.cell}: {what}: {self.why}"
 
 
-def regressions(name: str, old: dict[str, Any], new: dict[str, Any], factor: float) -> list[AccuracyRegression]:
+def regressions(name: str, old: ReportCell, new: ReportCell, factor: float) -> list[AccuracyRegression]:
     """The errors of `new` that grew past `factor` times `old`'s and past the dtype's floor, became
     non-finite, or are no longer measured."""
-    before = {_row_key(r): r for r in (old.get("accuracy") or {}).get("rows", [])}
+    before = {_row_key(r): r for r in (old.accuracy.rows if old.accuracy else [])}
     found = []
-    for row in (new.get("accuracy") or {}).get("rows", []):
+    for row in new.accuracy.rows if new.accuracy else []:
         previous = before.get(_row_key(row))
-        if previous is None or previous["status"] != "measured":
+        if previous is None or previous.status != "measured":
             continue
-        base = (name, row["op"], row["backend"], row["dtype"], row["regime"], row["layout"])
-        if row["status"] != "measured":
-            why = f"no longer measured ({row['status']}: {row['reason']})"
+        base = (name, row.op, row.backend, row.dtype, row.regime, row.layout)
+        if row.status != "measured":
+            why = f"no longer measured ({row.status}: {row.reason})"
             found.append(AccuracyRegression(*base, None, None, None, why))
             continue
-        floor = FLOORS.get(row["dtype"], 0.0)
-        for quantity, was in previous["errors"].items():
-            if quantity not in row["errors"]:
+        floor = FLOORS.get(row.dtype, 0.0)
+        for quantity, was in previous.errors.items():
+            if quantity not in row.errors:
                 continue
-            now = row["errors"][quantity]
+            now = row.errors[quantity]
             if was is None:
                 continue  # it was not finite before: no growth to measure
             if now is None:

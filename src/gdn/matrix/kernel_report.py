@@ -11,55 +11,39 @@ regression of the diff, as is a test that newly fails.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from gdn.matrix.markdown import md_cell, md_table
 from gdn.matrix.outcomes import FinishedTest
-from gdn.matrix.schema import KernelCount, KernelsFile
+from gdn.matrix.schema import Comparison, KernelCount, KernelsFile, ReportCell
 
 STEPS = ("tests", "accuracy", "bench")
 
 
-def _key(k: dict[str, Any]) -> tuple[str, str, str]:
-    return (k["level"], k["function"], k["dtype"])
-
-
-def kernel_line(k: dict[str, Any]) -> str:
+def kernel_line(k: KernelCount) -> str:
     """ "fla common.chunk_bwd_dqkwg float32 -> tilelang (x3; passed over: flash_qla: why)"."""
-    notes = [f"x{k['calls']}"]
-    if k.get("during"):
-        notes.append(f"during {k['during']}")
-    passed = "; ".join(f"{p['backend']}: {p['reason']}" for p in k.get("passed_over") or [])
+    notes = [f"x{k.calls}"]
+    if k.during:
+        notes.append(f"during {k.during}")
+    passed = "; ".join(f"{p.backend}: {p.reason}" for p in k.passed_over)
     if passed:
         notes.append(f"passed over {passed}")
-    return f"{k['level']} {k['function']} {k['dtype']} -> {k['ran']} ({', '.join(notes)})"
+    return f"{k.level} {k.function} {k.dtype} -> {k.ran} ({', '.join(notes)})"
 
 
-def cell_kernels(found: KernelsFile | None) -> dict[str, list[dict[str, Any]]]:
-    """The report's `kernels` of a cell: per step, its KernelCount records as dicts."""
+def cell_kernels(found: KernelsFile | None) -> dict[str, list[KernelCount]]:
+    """The report's `kernels` of a cell: per step, its KernelCount records, the steps in run order."""
     if found is None:
         return {}
-    return {step: [_record(k) for k in found.steps[step]] for step in sorted(found.steps, key=_step_order)}
+    return {step: found.steps[step] for step in sorted(found.steps, key=_step_order)}
 
 
 def _step_order(step: str) -> tuple[int, str]:
     return (STEPS.index(step) if step in STEPS else len(STEPS), step)
 
 
-def _record(k: KernelCount) -> dict[str, Any]:
-    return {
-        "level": k.level,
-        "function": k.function,
-        "dtype": k.dtype,
-        "ran": k.ran,
-        "calls": k.calls,
-        "passed_over": [{"backend": p.backend, "reason": p.reason} for p in k.passed_over],
-        "during": k.during,
-    }
-
-
-def comparisons(finished: list[FinishedTest]) -> list[dict[str, Any]]:
-    """The tests that compared a backend with another, with what they compared and their outcome."""
+def comparisons(finished: list[FinishedTest]) -> list[Comparison]:
+    """The tests that compared a backend with another, with what they compared and their outcome (the
+    `gdn_comparison` property as tests.jsonl wrote it)."""
     found = []
     for test in finished:
         if test.comparison is None:
@@ -67,25 +51,19 @@ def comparisons(finished: list[FinishedTest]) -> list[dict[str, Any]]:
         compared = test.comparison.get("compared") or {}
         fell_back = test.comparison.get("fell_back") or {}
         found.append(
-            {
-                "test": test.nodeid,
-                "outcome": test.outcome,
-                "mode": test.comparison.get("mode"),
-                "compared": dict(compared),
-                "fell_back": dict(fell_back),
-            }
+            Comparison(test.nodeid, test.outcome, test.comparison.get("mode"), dict(compared), dict(fell_back))
         )
     return found
 
 
-def comparison_text(c: dict[str, Any]) -> str:
+def comparison_text(c: Comparison) -> str:
     """ "fla compared on 2 of 4 ops; causal_conv1d_fn fell back to eager: does not implement it"."""
-    total = len(c["compared"]) + len(c["fell_back"])
-    text = f"{c['mode']} compared on {len(c['compared'])} of {total} ops"
-    if c["compared"]:
-        text += f" ({', '.join(c['compared'])})"
-    if c["fell_back"]:
-        text += "; fell back: " + "; ".join(f"{op} to {why}" for op, why in c["fell_back"].items())
+    total = len(c.compared) + len(c.fell_back)
+    text = f"{c.mode} compared on {len(c.compared)} of {total} ops"
+    if c.compared:
+        text += f" ({', '.join(c.compared)})"
+    if c.fell_back:
+        text += "; fell back: " + "; ".join(f"{op} to {why}" for op, why in c.fell_back.items())
     return text
 
 
@@ -95,28 +73,21 @@ def comparison_text(c: dict[str, Any]) -> str:
 KERNEL_LINES_SHOWN = 12
 
 
-def shown(records: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+def shown(records: list[KernelCount]) -> list[KernelCount]:
     """The kernel lines to show beside a failure: the test's own calls (not gdn's numeric probes), the
     peers' dispatch first, since that is what the backend's name does not say."""
-    own = [k for k in records or [] if not k.get("during")]
-    return sorted(own, key=lambda k: k["level"] == "gdn")[:KERNEL_LINES_SHOWN]
+    own = [k for k in records if not k.during]
+    return sorted(own, key=lambda k: k.level == "gdn")[:KERNEL_LINES_SHOWN]
 
 
-def peer_dispatch(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def peer_dispatch(cell: ReportCell) -> list[tuple[str, KernelCount]]:
     """(step, record) of every dispatch a peer made inside itself in the cell, outside gdn's probes."""
-    return [
-        (step, k)
-        for step, records in (cell.get("kernels") or {}).items()
-        for k in records
-        if k["level"] != "gdn" and not k.get("during")
-    ]
+    return [(step, k) for step, records in cell.kernels.items() for k in records if k.level != "gdn" and not k.during]
 
 
-def comparisons_markdown(cells: list[dict[str, Any]]) -> list[str]:
+def comparisons_markdown(cells: list[ReportCell]) -> list[str]:
     compared = [
-        [cell["name"], md_cell(c["test"]), c["outcome"], md_cell(comparison_text(c))]
-        for cell in cells
-        for c in cell.get("comparisons") or []
+        [cell.name, md_cell(c.test), c.outcome, md_cell(comparison_text(c))] for cell in cells for c in cell.comparisons
     ]
     if not compared:
         return []
@@ -124,11 +95,11 @@ def comparisons_markdown(cells: list[dict[str, Any]]) -> list[str]:
     return [*lines, *md_table(["cell", "test", "outcome", "what it compared"], compared), ""]
 
 
-def peers_markdown(cells: list[dict[str, Any]]) -> list[str]:
+def peers_markdown(cells: list[ReportCell]) -> list[str]:
     """Every dispatch a peer made inside itself, per cell, step, function and dtype (gdn's own choice
     per op is the resolution table; per dtype and call it is in report.json)."""
     ran = [
-        [cell["name"], step, k["level"], k["function"], k["dtype"], k["ran"], str(k["calls"])]
+        [cell.name, step, k.level, k.function, k.dtype, k.ran, str(k.calls)]
         for cell in cells
         for step, k in peer_dispatch(cell)
     ]
@@ -172,22 +143,22 @@ class ComparisonLoss:
         return f"{self.cell}: `{self.test}` no longer compares {', '.join(self.lost)} ({reasons})"
 
 
-def _ran(records: list[dict[str, Any]]) -> dict[tuple[str, str, str], list[str]]:
+def _ran(records: list[KernelCount]) -> dict[tuple[str, str, str], list[str]]:
     """What each (level, function, dtype) ran in a step, outside gdn's numeric probes."""
     found: dict[tuple[str, str, str], list[str]] = {}
     for k in records:
-        if k.get("during"):
+        if k.during:
             continue
-        names = found.setdefault(_key(k), [])
-        if k["ran"] not in names:
-            names.append(k["ran"])
+        names = found.setdefault((k.level, k.function, k.dtype), [])
+        if k.ran not in names:
+            names.append(k.ran)
     return {key: sorted(names) for key, names in found.items()}
 
 
-def kernel_call_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[KernelCallChange]:
+def kernel_call_changes(name: str, old: ReportCell, new: ReportCell) -> list[KernelCallChange]:
     """Per step both reports ran, each (level, function, dtype) whose kernels changed."""
     changes = []
-    old_steps, new_steps = old.get("kernels") or {}, new.get("kernels") or {}
+    old_steps, new_steps = old.kernels, new.kernels
     for step in [s for s in new_steps if s in old_steps]:
         before, after = _ran(old_steps[step]), _ran(new_steps[step])
         for key in sorted(set(before) | set(after)):
@@ -196,14 +167,14 @@ def kernel_call_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> 
     return changes
 
 
-def comparison_losses(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[ComparisonLoss]:
-    before = {c["test"]: c for c in old.get("comparisons") or []}
+def comparison_losses(name: str, old: ReportCell, new: ReportCell) -> list[ComparisonLoss]:
+    before = {c.test: c for c in old.comparisons}
     losses = []
-    for c in new.get("comparisons") or []:
-        previous = before.get(c["test"])
+    for c in new.comparisons:
+        previous = before.get(c.test)
         if previous is None:
             continue
-        lost = sorted(set(previous["compared"]) - set(c["compared"]))
+        lost = sorted(set(previous.compared) - set(c.compared))
         if lost:
-            losses.append(ComparisonLoss(name, c["test"], lost, c["fell_back"]))
+            losses.append(ComparisonLoss(name, c.test, lost, c.fell_back))
     return losses

@@ -6,22 +6,21 @@ resolution; diff reports a change of them as a change of kernel."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from gdn.backends.fla_choices import kernel_text
 from gdn.matrix.markdown import md_table
+from gdn.matrix.schema import Report
 
 
-def markdown(report: dict[str, Any]) -> list[str]:
-
+def markdown(report: Report) -> list[str]:
     rows = []
-    for cell in report["cells"]:
-        entry = (cell.get("peer_kernels") or {}).get("fla")
+    for cell in report.cells:
+        # fla's section as the probe wrote it (gdn.backends.fla_choices reads it)
+        entry = cell.peer_kernels.get("fla")
         if entry is None:
             continue
         packages = ", ".join(f"{k} {v}" for k, v in entry["peer_packages"].items()) or "—"
         stand_in = f" [stand-in: {entry['stand_in']}]" if entry.get("stand_in") else ""
-        rows.append([cell["name"], f"fla {entry['version']}{stand_in}", kernel_text(entry), packages])
+        rows.append([cell.name, f"fla {entry['version']}{stand_in}", kernel_text(entry), packages])
     if not rows:
         return []
     return ["## Peer kernels", "", *md_table(["cell", "peer", "kernel it runs", "beside"], rows)]

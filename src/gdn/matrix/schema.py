@@ -20,6 +20,7 @@ and ignored (a newer writer may add some).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -333,6 +334,14 @@ class ResolutionEntry:
     not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
 
+    def to_json(self) -> dict[str, Any]:
+        """As report.json has it: a resolution that failed has its error and nothing else."""
+        if self.error is not None:
+            return {"backend": None, "route": None, "error": self.error}
+        data = asdict(self)
+        del data["error"]
+        return data
+
 
 @dataclass
 class FamilyCounts:
@@ -351,6 +360,11 @@ class Failure:
     message: str | None = None
     # what the test's calls ran, at every dispatch level (tests.jsonl, where the kernel log recorded it)
     kernels: list[KernelCount] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        # report.json's order: the family beside the test's name
+        return {key: data[key] for key in ("test", "family", "outcome", "message", "kernels")}
 
 
 @dataclass
@@ -423,6 +437,16 @@ class Report:
     ops: list[str]
     cells: list[ReportCell]
 
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for cell, written in zip(self.cells, data["cells"], strict=True):
+            written["resolution"] = {
+                op: {device: entry.to_json() for device, entry in per_device.items()}
+                for op, per_device in cell.resolution.items()
+            }
+            written["failures"] = [failure.to_json() for failure in cell.failures]
+        return data
+
 
 # ---------------------------------------------------------------- reading and publishing
 
@@ -438,12 +462,20 @@ MODELS: dict[str, Any] = {
 }
 
 
+@functools.cache
+def _adapter(model: Any) -> Any:
+    """One validator per model: building one costs far more than a small file's validation."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model)
+
+
 def load(model: Any, text: str | bytes, source: str) -> Any:
     """`text` validated as `model`; SchemaError names `source` (the file) and the first field at fault."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(model).validate_json(text, strict=True)
+        return _adapter(model).validate_json(text, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
