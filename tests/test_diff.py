@@ -310,3 +310,13 @@ def test_same_lock_or_no_lock_is_no_change_and_other_hashes_are_named():
     rehashed = _cell("a", lock=_lock("sha256:bb", torch="2.11.0"))
     [change] = diff_typed(_report(same), _report(rehashed)).lock_changes
     assert change.text == ("cell a: lock changed: same versions, other files or hashes (sha256:aa -> sha256:bb)")
+
+
+def test_reports_written_before_fla_was_asked_per_dtype_still_diff(capsys):
+    """A report pulled from an older run holds fla's choice for one bf16 call (no per-dtype calls): the
+    diff against it reads that as what it is, instead of failing on the missing key."""
+    samples = Path(__file__).parents[1] / "docs" / "samples"
+    before = samples / "h200-cuda-triton36-2026-12-01" / "report" / "report.json"
+    after = samples / "h200-cuda-flashqla-2026-12-02" / "report" / "report.json"
+    assert diff_mod.main([str(before), str(after), "--no-fail"]) == 0
+    assert "bfloat16: chunk -> flash_qla" in capsys.readouterr().out
