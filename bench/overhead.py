@@ -21,8 +21,8 @@ from collections.abc import Callable
 import torch
 
 import gdn
-from bench._common import chunk_inputs, pool_decode_inputs
 from gdn.backends.base import Backend
+from gdn.matrix.timing import chunk_inputs, pool_decode_inputs
 
 POOL_OP = "fused_recurrent_gated_delta_rule_update"
 CHUNK_OP = "chunk_gated_delta_rule"
