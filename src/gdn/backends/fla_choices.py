@@ -58,10 +58,7 @@ def kernel_text(entry: dict[str, Any] | None) -> str:
         return f"does not import: {entry['import_error']}"
     if "calls" not in entry:
         # a report written before fla was asked per dtype: its one choice is that of a bf16 call
-        older = {
-            "chunk": entry.get("chunk"),
-            DQKWG: None,
-            "hopper_guard_blocks": bool(entry.get("hopper_guard_blocks")),
-        }
-        return f"{choices_text('bfloat16', {**older, 'error': None})} (asked of a bf16 call only)"
+        older = _choices({"chunk": {"chosen": entry.get("chunk")}})
+        older["hopper_guard_blocks"] = bool(entry.get("hopper_guard_blocks"))
+        return f"{choices_text('bfloat16', older)} (asked of a bf16 call only)"
     return "; ".join(choices_text(dtype, choices) for dtype, choices in entry["calls"].items()) or "unknown"
