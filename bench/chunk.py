@@ -58,7 +58,7 @@ from collections.abc import Iterator
 import torch
 
 import gdn
-from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
+from gdn.matrix.timing import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 # (B, T, H, HV, D, packed sequences or 0 for a dense row). A packed row, as GRPO rollouts pack: that many
 # sequences of uneven length (drawn from LENGTHS, seeded, then scaled to T in all) in one B = 1 row with

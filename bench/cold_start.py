@@ -87,7 +87,7 @@ def _profiled(fn: Callable[[], object], top: int = 30) -> tuple[float, list[dict
 
 def _step(call: Callable, B: int, T: int, H: int, HV: int, D: int) -> tuple[Callable, Callable, list]:
     """(forward, backward, inputs) of one call on fresh inputs; backward needs forward's output first."""
-    from bench._common import chunk_inputs
+    from gdn.matrix.timing import chunk_inputs
 
     leaves = [x.requires_grad_() for x in chunk_inputs(B, T, H, HV, D)]
     out: list = []
@@ -337,7 +337,7 @@ def main() -> None:
         Path(args.output).write_text(json.dumps(result))
         return
 
-    from bench._common import environment, print_table, write_results
+    from gdn.matrix.timing import environment, print_table, write_results
 
     results = [run_child(impl, args.timeout, args.profile) for impl in args.impls]
     rows = [

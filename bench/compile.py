@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import gdn
-from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
+from gdn.matrix.timing import environment, median_ms, pool_decode_inputs, print_table, write_results
 
 B, T, H, HV, D, W = 1, 4096, 16, 32, 128, 4
 DECODE_B = 64

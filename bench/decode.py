@@ -41,10 +41,10 @@ from pathlib import Path
 import torch
 
 import gdn
-from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
 from gdn.backends.triton import launch as launching
 from gdn.calls import PREPARE
+from gdn.matrix.timing import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.resolve import compute_mode_override
 
 H, HV, K, V = 16, 32, 128, 128

@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from bench._common import environment, median_ms, pool_decode_inputs, print_table, write_results
 from gdn.backends.triton import decode
 from gdn.calls import PREPARE
+from gdn.matrix.timing import environment, median_ms, pool_decode_inputs, print_table, write_results
 
 B, H, HV, K, V = 256, 16, 32, 128, 128
 # (BV, warps, slices a program walks, pipeline stages): the step's defaults and widths around them

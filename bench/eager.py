@@ -12,7 +12,7 @@ import sys
 import torch
 
 import gdn
-from bench._common import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
+from gdn.matrix.timing import chunk_inputs, environment, median_ms, peak_gib, print_table, write_results
 
 SHAPES = [(1, 8192, 16, 32, 128)]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from bench._common import environment, print_table, write_results
+from gdn.matrix.timing import environment, print_table, write_results
 
 # The step, its batch layout, the sharding and the rank launcher are the grpo test family's.
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start a Docker daemon on a CI machine that has the docker client but no engine (REFERENCE.md):
+# Start a Docker daemon on a CI machine that has the docker client but no engine:
 # docker.io from Debian, and --iptables=false because the sandbox has no netfilter to program (builds
 # and cells use the host network anyway). Idempotent: returns at once when an engine already answers.
 #

@@ -39,7 +39,7 @@ def npu(monkeypatch) -> torch.device:
         here = npu_device.Npu(torch.device("cpu"), stand_in="regression cases")
         monkeypatch.setattr(npu_device, "locate", lambda: here)
         monkeypatch.setattr(routes, "_plan", routes.resolve_plan(fla_npu(composite=True), here))
-        gdn.register_backend(ascendc_backend.make_backend(), replace=True)
+        gdn.register_backend(ascendc_backend.AscendcBackend(), replace=True)
         found = here
     monkeypatch.delenv(resolver.STRICT_ENV, raising=False)
     gdn.set_compute_mode("ascendc")

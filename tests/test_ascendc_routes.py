@@ -139,7 +139,7 @@ def backend_with(monkeypatch):
     def install(found: surface.Surface) -> AscendcBackend:
         monkeypatch.setattr(npu_device, "locate", lambda: CPU_NPU)
         monkeypatch.setattr(routes, "_plan", routes.resolve_plan(found, CPU_NPU))
-        backend = ascendc_backend.make_backend()
+        backend = ascendc_backend.AscendcBackend()
         gdn.register_backend(backend, replace=True)
         gdn.set_compute_mode("ascendc")
         return backend

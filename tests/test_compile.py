@@ -62,3 +62,41 @@ def test_inside_a_compiled_region_a_refused_peer_feature_still_raises_its_error(
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="argument 'allow_neg_eigval' expected False"):
         torch.compile(step, backend="eager", fullgraph=True)(*args)
+
+
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"])
+def test_a_numpy_scale_inside_a_compiled_region_is_the_float_it_equals(op, gen):
+    """Dynamo traces a numpy scalar as data (a 0-d tensor); the op hands its custom op the float it
+    equals, which Dynamo then specializes on: one graph, no break, a new value recompiles."""
+    import numpy as np
+
+    pool_op = op.endswith("_update")
+    args = op_cases(DEVICE, gen, grad=False)[op][: 7 if pool_op else 5]
+    options = {"state_v_first": True} if pool_op else {}  # the case's pool is value-first
+
+    def step(*tensors_and_scale):
+        *tensors, scale = tensors_and_scale
+        out = getattr(gdn, op)(*tensors, scale=scale, **options)
+        return out[0] if isinstance(out, tuple) else out
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="eager")
+    for scale in (np.float32(0.5), np.float64(0.25), np.int64(2)):
+        fresh = [t.clone() for t in args]  # the pool op writes its pool
+        want = step(*fresh, float(scale))
+        assert torch.equal(compiled(*[t.clone() for t in args], scale), want), scale
+    explained = torch._dynamo.explain(step)(*args, np.float32(0.5))
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.parametrize(("scale", "got"), [(True, "bool"), ("0.5", "str"), (torch.tensor(0.5), "torch.Tensor")])
+def test_inside_a_compiled_region_a_scale_that_is_not_a_real_number_is_refused(scale, got, gen):
+    """The custom op's schema would take a bool as 1.0: the scale is validated before it goes in."""
+    args = op_cases(DEVICE, gen, grad=False)["chunk_gated_delta_rule"][:5]
+
+    def step(q, k, v, g, beta):
+        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, scale=scale)
+
+    torch._dynamo.reset()
+    with pytest.raises(TypeError, match=f"argument 'scale' expected None or a positive real number, got {got}"):
+        torch.compile(step, backend="eager")(*args)

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from gdn.matrix import devices, report
+from gdn.matrix import devices, report_build, report_parts
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import MatrixConfigError, parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
 from gdn.op_names import OP_NAMES
+from report_models import typed_cell
 
 pytestmark = pytest.mark.tooling
 
@@ -136,10 +137,12 @@ def test_one_entry_makes_a_kind_known_to_config_runner_and_report(with_rocm, tmp
     ]
     write_json(results / "rocm-x" / "resolution.json", records)
     write_json(results / "rocm-x" / "manifest.json", {"devices": {"cuda": {"devices": [{"name": "AMD MI300X"}]}}})
-    built = report.build_report(results, matrix)
+    built = report_build.build_report(results, matrix).to_json()
     ran, never = built["cells"]
-    assert report.cell_primary_device(ran) == "cuda" and not report.accelerator_missing(ran)
-    assert report.card_text(ran) == "AMD MI300X"
+    assert report_parts.cell_primary_device(typed_cell(ran)) == "cuda" and not report_parts.accelerator_missing(
+        typed_cell(ran)
+    )
+    assert report_parts.card_text(typed_cell(ran)) == "AMD MI300X"
     assert ran["expectations"][0]["ok"] is False  # resolved eager on the device, triton expected
     assert never["reason"] == "no results: never run; needs an AMD GPU (/dev/kfd) and a docker engine"
     assert never["expectations"][0]["ok"] is None

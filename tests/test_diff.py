@@ -13,8 +13,10 @@ import pytest
 from gdn.matrix import diff as diff_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.report import build_report, write_report
+from gdn.matrix.report import write_report
+from gdn.matrix.report_build import build_report
 from gdn.matrix.schema import CellOutcome
+from report_models import diff_typed
 
 pytestmark = pytest.mark.tooling
 
@@ -64,7 +66,10 @@ def _junit(failing: bool) -> str:
 def _results(root: Path, *, route: str, failing: bool, fla_npu: str, rejected=None) -> Path:
     directory = root / "npu-2610"
     status = "failed" if failing else "passed"
-    CellOutcome(cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True).write(directory)
+    outcome = CellOutcome(
+        cell="npu-2610", status=status, device="npu", runtime="docker", real_hardware=True, exit_code=int(failing)
+    )
+    outcome.write(directory)
     write_json(directory / "resolution.json", [_record(route, rejected)])
     write_json(directory / "manifest.json", {"fla_npu": {"distribution": {"name": "fla-npu", "version": fla_npu}}})
     (directory / "junit.xml").write_text(_junit(failing))
@@ -120,7 +125,7 @@ def _report(*cells: dict[str, Any]) -> dict[str, Any]:
 
 def test_identical_reports_have_no_changes():
     report = _report(_cell("a"), _cell("b", status="not_run", resolution={}))
-    diff = diff_mod.diff_reports(report, copy.deepcopy(report))
+    diff = diff_typed(report, copy.deepcopy(report))
     assert diff.regressions == []
     assert diff.to_markdown() == "## gdn-matrix diff\n\nNo regressions.\n"
 
@@ -132,7 +137,7 @@ def test_route_change_within_a_backend_is_reported_not_a_regression():
             "a", resolution={CHUNK: {"npu": {"backend": "ascendc", "route": "ascendc:composite-fwd", "rejected": []}}}
         )
     )
-    diff = diff_mod.diff_reports(old, new)
+    diff = diff_typed(old, new)
     [change] = diff.backend_changes
     assert (change.old_text, change.new_text, change.backend_changed) == (
         "ascendc:stable-api",
@@ -144,7 +149,7 @@ def test_route_change_within_a_backend_is_reported_not_a_regression():
         "| a | chunk_gated_delta_rule | npu | ascendc:stable-api | ascendc:composite-fwd | route | — |"
         in diff.to_markdown()
     )
-    strict = diff_mod.diff_reports(old, new, route_changes_regress=True)
+    strict = diff_typed(old, new, route_changes_regress=True)
     assert strict.regressions == [
         "a: chunk_gated_delta_rule on npu moved from ascendc:stable-api to ascendc:composite-fwd"
     ]
@@ -153,10 +158,10 @@ def test_route_change_within_a_backend_is_reported_not_a_regression():
 def test_resolution_error_is_a_regression_and_a_recovery_is_not():
     broken = {CHUNK: {"npu": {"backend": None, "route": None, "error": "GdnBackendError: strict"}}}
     old, new = _report(_cell("a")), _report(_cell("a", resolution=broken))
-    assert diff_mod.diff_reports(old, new).regressions == [
+    assert diff_typed(old, new).regressions == [
         "a: chunk_gated_delta_rule on npu moved from ascendc:stable-api to error: GdnBackendError: strict"
     ]
-    recovered = diff_mod.diff_reports(new, old)
+    recovered = diff_typed(new, old)
     assert len(recovered.backend_changes) == 1
     assert recovered.regressions == []
 
@@ -169,7 +174,7 @@ def test_versions_status_and_tests_that_pass_again():
         # b's tests did not run this time: its old failure is not known to pass now
         _cell("b", status="build_failed", families={}, resolution={}, versions={"torch": None, "triton": None}),
     )
-    diff = diff_mod.diff_reports(old, new)
+    diff = diff_typed(old, new)
     # b left no manifest: its versions are unknown, not changed
     assert [(c.cell, c.package, c.old, c.new) for c in diff.version_changes] == [("a", "triton", "3.2.1", "3.3.0")]
     assert [(t.cell, t.test) for t in diff.newly_passing] == [("a", "t::x")]
@@ -185,7 +190,7 @@ def test_versions_status_and_tests_that_pass_again():
 
 
 def test_added_and_removed_cells():
-    diff = diff_mod.diff_reports(_report(_cell("a"), _cell("gone")), _report(_cell("a"), _cell("fresh")))
+    diff = diff_typed(_report(_cell("a"), _cell("gone")), _report(_cell("a"), _cell("fresh")))
     assert (diff.cells_added, diff.cells_removed) == (["fresh"], ["gone"])
     assert diff.regressions == ["gone: cell removed"]
     md = diff.to_markdown()
@@ -201,7 +206,7 @@ def test_expectation_violations_in_the_new_report():
         _cell("skipped", status="not_run", resolution={}, expectations=[{**unmet, "ok": False}]),
         _cell("fine", expectations=[{**unmet, "actual_backend": "ascendc", "ok": True}]),
     )
-    diff = diff_mod.diff_reports(new, copy.deepcopy(new))
+    diff = diff_typed(new, copy.deepcopy(new))
     assert diff.regressions == ["ran: expectation not met: chunk_gated_delta_rule: expected ascendc, nothing resolved"]
 
 
@@ -216,10 +221,10 @@ def test_slowdowns_against_the_threshold(tmp_path, capsys):
     old = _report(_cell("cuda", bench=_bench(10.0, 1.0)))
     # the 35% a Triton upgrade once cost, and a 5% wobble
     new = _report(_cell("cuda", bench=_bench(13.5, 1.05)))
-    diff = diff_mod.diff_reports(old, new)
+    diff = diff_typed(old, new)
     assert diff.regressions == ["cuda: chunk_gated_delta_rule · triton · 1×4096×16×128 slowed 35% (10 ms → 13.5 ms)"]
     assert "| cuda | chunk_gated_delta_rule · triton · 1×4096×16×128 | 10 | 13.5 | +35% |" in diff.to_markdown()
-    assert [s.label for s in diff_mod.diff_reports(old, new, slowdown_threshold=0.01).slowdowns] == [
+    assert [s.label for s in diff_typed(old, new, slowdown_threshold=0.01).slowdowns] == [
         "chunk_gated_delta_rule · triton · 1×4096×16×128",
         "l2norm · triton · 4096×128",
     ]
@@ -246,7 +251,7 @@ def test_no_fail_and_output_file(tmp_path, capsys):
     ("content", "message"),
     [
         (None, "cannot read report {path}: [Errno 2]"),
-        ("{not json", "cannot read report {path}: Expecting property name"),
+        ("{not json", "{path} is not JSON: Expecting property name"),
         ('{"schema": 1}', "{path}: generated_at: Field required (and 2 more)"),
         ('{"schema": 7, "cells": []}', "{path} has report schema 7; this gdn-matrix reads schema 1"),
         (
@@ -269,8 +274,8 @@ def test_unreadable_report_exits_2_naming_the_file(tmp_path, capsys, content, me
 def test_skip_not_run_leaves_cells_a_fork_could_not_run_out_of_the_comparison():
     old = _report(_cell("npu-2610", status="passed"), _cell("cpu", status="passed"))
     new = _report(_cell("npu-2610", status="not_run"), _cell("cpu", status="failed"))
-    assert "npu-2610: status passed → not_run" in diff_mod.diff_reports(old, new).regressions
-    diff = diff_mod.diff_reports(old, new, skip_not_run=True)
+    assert "npu-2610: status passed → not_run" in diff_typed(old, new).regressions
+    diff = diff_typed(old, new, skip_not_run=True)
     assert diff.not_compared == ["npu-2610"]
     assert diff.regressions == ["cpu: status passed → failed"]
     assert "### Not compared (not run in the new report)\n\n- npu-2610\n" in diff.to_markdown()
@@ -288,9 +293,9 @@ def test_a_lock_change_is_listed_package_by_package_and_is_no_regression(tmp_pat
     for name, lock in (("old", old_lock), ("new", new_lock)):
         directory = tmp_path / name / "cuda-triton36"
         CellOutcome(cell="cuda-triton36", status="passed", device="cuda", runtime="docker", lock=lock).write(directory)
-        reports.append(build_report(tmp_path / name))
+        reports.append(build_report(tmp_path / name).to_json())
     assert [r["cells"][0]["lock"] for r in reports] == [old_lock, new_lock]
-    diff = diff_mod.diff_reports(*reports)
+    diff = diff_typed(*reports)
     assert diff.regressions == []
     [change] = diff.lock_changes
     expected = "cell cuda-triton36: lock changed: torch 2.11.0 -> 2.13.0, + foo 1.0, - bar 2.0"
@@ -300,8 +305,18 @@ def test_a_lock_change_is_listed_package_by_package_and_is_no_regression(tmp_pat
 
 def test_same_lock_or_no_lock_is_no_change_and_other_hashes_are_named():
     same = _cell("a", lock=_lock("sha256:aa", torch="2.11.0"))
-    assert diff_mod.diff_reports(_report(same), _report(copy.deepcopy(same))).lock_changes == []
-    assert diff_mod.diff_reports(_report(_cell("a")), _report(same)).lock_changes == []
+    assert diff_typed(_report(same), _report(copy.deepcopy(same))).lock_changes == []
+    assert diff_typed(_report(_cell("a")), _report(same)).lock_changes == []
     rehashed = _cell("a", lock=_lock("sha256:bb", torch="2.11.0"))
-    [change] = diff_mod.diff_reports(_report(same), _report(rehashed)).lock_changes
+    [change] = diff_typed(_report(same), _report(rehashed)).lock_changes
     assert change.text == ("cell a: lock changed: same versions, other files or hashes (sha256:aa -> sha256:bb)")
+
+
+def test_reports_written_before_fla_was_asked_per_dtype_still_diff(capsys):
+    """A report pulled from an older run holds fla's choice for one bf16 call (no per-dtype calls): the
+    diff against it reads that as what it is, instead of failing on the missing key."""
+    samples = Path(__file__).parents[1] / "docs" / "samples"
+    before = samples / "h200-cuda-triton36-2026-12-01" / "report" / "report.json"
+    after = samples / "h200-cuda-flashqla-2026-12-02" / "report" / "report.json"
+    assert diff_mod.main([str(before), str(after), "--no-fail"]) == 0
+    assert "bfloat16: chunk -> flash_qla" in capsys.readouterr().out

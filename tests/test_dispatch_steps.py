@@ -1,4 +1,4 @@
-"""The public pool update's repeated calls (gdn.dispatch): a call whose tensors repeat an earlier
+"""The public pool update's repeated calls (gdn.prepared): a call whose tensors repeat an earlier
 validated call's metadata goes straight to the triton kernel's prepared step, and gives what eager
 gives; the pool it is handed (not the one prepared) is the one read and written; the cache keeps no
 pool alive; another mode, other metadata, host value checks on request and gradients take the full
@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import gdn
-from gdn import dispatch
+from gdn import dispatch, prepared
 from gdn.resolve import compute_mode, compute_mode_override, last_route
 from pool_steps import DEVICE, SLOTS, B, H, K, new_pool, tokens
 from reference import rel_err
@@ -40,8 +40,8 @@ def served(monkeypatch):
     calls = []
     serve = dispatch.serve
     monkeypatch.setattr(dispatch, "serve", lambda *a: calls.append(a[0]) or serve(*a))
-    monkeypatch.setattr(dispatch, "_steps", {})
-    monkeypatch.setattr(dispatch, "_latest", {})
+    monkeypatch.setattr(prepared, "_steps", {})
+    monkeypatch.setattr(prepared, "_latest", {})
     return calls
 
 
@@ -87,7 +87,7 @@ def test_the_steps_keep_no_pool_alive(gen, served):
     with torch.no_grad(), compute_mode_override("triton"):
         for _ in range(2):
             update(*tokens(gen), pool, slots(gen))
-    assert [step for step in dispatch._steps.values() if step.run is not None]
+    assert [step for step in prepared._steps.values() if step.run is not None]
     gone = weakref.ref(pool)
     del pool
     gc.collect()
@@ -148,7 +148,7 @@ def test_an_option_of_another_type_is_validated_again(gen, served):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, True)
         with pytest.raises(TypeError, match="'use_qk_l2norm_in_kernel' expected a bool, got int"):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), 1, None, 1)
-        with pytest.raises(TypeError, match="'scale' expected None or a positive float, got bool"):
+        with pytest.raises(TypeError, match="'scale' expected None or a positive real number, got bool"):
             gdn.fused_recurrent_gated_delta_rule_update(*tokens(gen), pool, slots(gen), True, None, True)
     assert len(served) == 4
 
@@ -158,8 +158,8 @@ def test_calls_that_repeat_the_latest_step_build_no_key(gen, served, monkeypatch
     against the op's latest step, with no key built and hashed; calls of two batch compositions in turn
     each take their own step, and every answer is eager's."""
     keys = []
-    step_key = dispatch._step_key
-    monkeypatch.setattr(dispatch, "_step_key", lambda *a: keys.append(compute_mode()) or step_key(*a))
+    step_key = prepared._step_key
+    monkeypatch.setattr(prepared, "_step_key", lambda *a: keys.append(compute_mode()) or step_key(*a))
     pool = new_pool(gen)
     expected_pool = pool.clone()
     calls = []

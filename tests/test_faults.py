@@ -16,16 +16,20 @@ import sys
 import textwrap
 import threading
 import time
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gdn.kernel_log import KernelEntry
+from gdn.matrix import accuracy, cli, kernels, report_build, report_html, report_markdown, runs
 from gdn.matrix import cell as cell_mod
-from gdn.matrix import cli, report
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.schema import CellOutcome
+from gdn.matrix.schema import CellOutcome, Failure
+from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
@@ -36,11 +40,32 @@ RECORD = {"op": "l2norm", "device": "cpu", "backend": "eager", "route": "eager",
 # ---------------------------------------------------------------- results files that do not validate
 
 
+OUTCOME_XML = {
+    "passed": "",
+    "failed": '<failure message="AssertionError: boom">trace</failure>',
+    "error": '<error message="fixture broke">trace</error>',
+    "skipped": '<skipped message="no npu"/>',
+}
+
+
+def _junit(*outcomes: str) -> str:
+    """A pytest junit.xml with one probe test per outcome."""
+    cases = "".join(
+        f'<testcase classname="tests.test_x" name="test_{i}" time="0.01"><properties>'
+        f'<property name="family" value="probe"/></properties>{OUTCOME_XML[outcome]}</testcase>'
+        for i, outcome in enumerate(outcomes)
+    )
+    return (
+        f'<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>'
+    )
+
+
 def _cell_dir(root: Path, name: str, status: str = "passed", **fields: Any) -> Path:
     directory = root / name
     CellOutcome(cell=name, status=status, device="cpu", runtime="host", exit_code=0).write(directory)
     write_json(directory / "resolution.json", [RECORD])
     write_json(directory / "manifest.json", {"python": {"version": "3.12.3"}, "resolution": [RECORD]})
+    (directory / "junit.xml").write_text(_junit("passed" if status == "passed" else "failed"))
     if fields:
         data = json.loads((directory / "cell.json").read_text())
         write_json(directory / "cell.json", {**data, **fields})
@@ -96,6 +121,109 @@ def test_manifest_that_is_a_list_is_not_a_pass(tmp_path):
     assert cell["reason"].startswith("invalid results: manifest.json: (top level): Input should be")
 
 
+FAILED_LINE = {"nodeid": "tests/test_x.py::test_0", "outcome": "failed", "family": "probe", "message": "boom"}
+
+
+@pytest.mark.parametrize(
+    ("claimed", "files", "fields", "status", "reason"),
+    [
+        ("passed", {"junit.xml": _junit("passed", "failed")}, {}, "failed",
+         "cell.json says passed but junit.xml has 1 failed test"),
+        ("passed", {"junit.xml": _junit("error", "error")}, {}, "failed",
+         "cell.json says passed but junit.xml has 2 tests in error"),
+        ("passed", {"junit.xml": _junit()}, {}, "error", "cell.json says passed but junit.xml holds no test"),
+        ("passed", {"junit.xml": None}, {}, "error", "cell.json says passed but junit.xml is missing"),
+        ("passed", {}, {"exit_code": 1}, "failed", "cell.json says passed but its exit code is 1"),
+        ("passed", {}, {"exit_code": None}, "error", "cell.json says passed but its exit code is None"),
+        ("passed", {}, {"duration_s": float("nan")}, "error",
+         "invalid results: cell.json: duration_s: NaN is not a finite number"),
+        ("passed", {"tests.jsonl": json.dumps(FAILED_LINE) + "\n"}, {}, "failed",
+         "cell.json says passed but tests.jsonl has 1 failed test"),
+        ("failed", {"junit.xml": None}, {"exit_code": 1}, "error", "cell.json says failed but junit.xml is missing"),
+        ("failed", {"junit.xml": _junit("passed", "failed")}, {"exit_code": 1}, "failed", None),
+    ],
+    ids=["failed-test", "errored-tests", "empty-junit", "no-junit", "exit-code", "no-exit-code", "nan-duration",
+         "jsonl-failure", "failed-without-junit", "failed-as-said"],
+)  # fmt: skip
+def test_a_cells_status_is_the_worst_its_files_show(tmp_path, claimed, files, fields, status, reason):
+    """cell.json is one file's claim: the tests, the exit code and the numbers it records must agree."""
+    root = tmp_path / "results"
+    directory = _cell_dir(root, "a", status=claimed, **fields)
+    for name, content in files.items():
+        if content is None:
+            (directory / name).unlink()
+        else:
+            (directory / name).write_text(content)
+    cell = _report_of(root, tmp_path)["a"]
+    verdicts = {"passed": "PASSED", "failed": "FAILED", "error": "CRASHED"}
+    assert (cell["status"], cell["reason"], cell["verdict"]) == (status, reason, verdicts[status])
+    # report.json is strict JSON whatever the cell held
+    json.loads((tmp_path / "out" / "report.json").read_text(), parse_constant=pytest.fail)
+
+
+def _limited_report(results: Path, out: Path) -> subprocess.CompletedProcess:
+    """`gdn-matrix report` under a 2 GiB address-space limit and a minute: a read without bound fails."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    command = [sys.executable, "-m", "gdn.matrix.cli", "report", "--results", str(results), "--output", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    try:
+        return subprocess.run(command, capture_output=True, text=True, env=env, preexec_fn=limit, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("gdn-matrix report did not finish in a minute")
+
+
+def test_results_files_are_read_within_bounds_and_only_when_regular(tmp_path):
+    """A bench.json that is a symlink to /dev/zero made the report read without end (MemoryError under
+    a 4 GB limit); a FIFO would block it; a file of any size was read whole."""
+    from gdn.matrix import jsonio
+
+    root = tmp_path / "results"
+    (_cell_dir(root, "a-zero") / "bench.json").symlink_to("/dev/zero")
+    fifo = _cell_dir(root, "b-fifo") / "junit.xml"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    (_cell_dir(root, "c-big") / "junit.xml").write_bytes(b" " * (jsonio.RESULTS_FILE_MAX_BYTES + 1))
+    (_cell_dir(root, "d-link") / "cell.json").unlink()
+    (root / "d-link" / "cell.json").symlink_to(root / "e-good" / "cell.json")
+    _cell_dir(root, "e-good")
+    done = _limited_report(root, tmp_path / "out")
+    assert done.returncode == 0, done.stderr
+    cells = {c["name"]: c for c in json.loads((tmp_path / "out" / "report.json").read_text())["cells"]}
+    assert cells["a-zero"]["status"] == "error"
+    assert cells["a-zero"]["reason"] == "invalid results: bench.json is a symlink, not a regular file"
+    assert cells["b-fifo"]["status"] == "error"
+    assert "junit.xml is not a regular file" in cells["b-fifo"]["reason"]
+    assert cells["c-big"]["status"] == "error"
+    assert f"junit.xml is larger than the {jsonio.RESULTS_FILE_MAX_BYTES} bytes" in cells["c-big"]["reason"]
+    assert cells["d-link"]["reason"] == "invalid results: cell.json is a symlink, not a regular file"
+    assert cells["e-good"]["status"] == "passed"
+
+
+def test_report_md_stays_under_a_job_summary_however_many_cells_and_failures(tmp_path):
+    """The workflow appends report.md to the job summary, which GitHub caps at 1 MiB: one failing cell
+    with a 2 MB log line made report.md 2 MB."""
+    root = tmp_path / "results"
+    _cell_dir(root, "a", status="failed", exit_code=1, log_tail="x" * 2_000_000, reason="y" * 100_000)
+    _report_of(root, tmp_path)
+    md = (tmp_path / "out" / "report.md").read_bytes()
+    assert len(md) < 20_000
+    built = report_build.build_report(root)
+    [entry] = built.cells
+    failures = [Failure(test=f"t::test_{i}", outcome="failed", family="probe", message="m" * 5000) for i in range(500)]
+    heavy = replace(entry, failures=failures, problems=["p" * 5000] * 300)
+    md = report_markdown.render_markdown(replace(built, cells=[replace(heavy, name=f"cell-{i}") for i in range(3)]))
+    assert len(md.encode()) < 200_000
+    assert "- … and 480 more (see report.json)" in md and "- **cell-2**: … and 280 more (see report.json)" in md
+    # the cells share their strings: 3000 copies of one 6 MB cell would not fit in memory
+    md = report_markdown.render_markdown(replace(built, cells=[replace(heavy, name=f"cell-{i}") for i in range(3000)]))
+    assert len(md.encode()) < 1 << 20
+    assert md.rstrip().endswith("is in report.json and report.html.")
+
+
 def test_report_of_a_results_directory_that_does_not_exist_is_an_error(tmp_path, capsys):
     missing = tmp_path / "nonexistent"
     assert cli.main(["report", "--results", str(missing), "--output", str(tmp_path / "out")]) == 2
@@ -108,7 +236,8 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
     out = tmp_path / "schemas"
     assert cli.main(["schema", "--output", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    assert names == {f"{n}.schema.json" for n in ("cell", "interrupted", "manifest", "resolution", "bench", "report")}
+    files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report")
+    assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
     directory = _cell_dir(root, "a")
     _report_of(root, tmp_path)
@@ -116,7 +245,12 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "cell": directory / "cell.json",
         "resolution": directory / "resolution.json",
         "report": tmp_path / "out" / "report.json",
+        "kernels": tmp_path / "kernels.json",
+        "accuracy": tmp_path / "accuracy.json",
     }
+    entry = KernelEntry("fla", "common.chunk_bwd_dqkwg", "float32", "tilelang", (("x", "why"),), "numeric probe")
+    kernels.add_step(written["kernels"], "tests", Counter({entry: 2}))
+    accuracy.main(["--ops", "causal_conv1d_update", "--output", str(written["accuracy"])])
     for name, path in written.items():
         schema = json.loads((out / f"{name}.schema.json").read_text())
         jsonschema.validate(json.loads(path.read_text()), schema)
@@ -128,6 +262,14 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
 def test_the_writers_inside_a_cell_need_no_pydantic():
     """The cell image carries no pydantic: the entry and the benchmark's models must import without it."""
     code = "import sys; sys.modules['pydantic'] = None; import gdn.matrix.entry, gdn.matrix.schema"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+def test_the_entry_starts_without_pytest():
+    """The entry runs the tests' pytest in a process of its own: it starts (and reports a cell whose image
+    lacks pytest) without importing it, as the runner's own plugins are loaded only by that process."""
+    code = "import sys; sys.modules['pytest'] = None; import gdn.matrix.entry"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -181,6 +323,63 @@ def test_diff_refuses_a_report_naming_a_cell_twice(tmp_path):
     assert "names these cells more than once: a" in done.stderr
 
 
+SPEED_ROW = {"op": "l2norm", "backend": "eager", "shape": {"T": 8}, "pass": "fwd", "ms": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("ms", "said"),
+    [
+        (float("nan"), "cells[0].bench[0].ms: NaN is not a finite number"),
+        (float("inf"), "cells[0].bench[0].ms: Infinity is not a finite number"),
+        (0, "cells[0].bench[0].ms: 0 is not a time (a finite number of ms > 0, or null)"),
+        (-5, "cells[0].bench[0].ms: -5 is not a time (a finite number of ms > 0, or null)"),
+        ("fast", "cells[0].bench[0].ms: 'fast' is not a time (a finite number of ms > 0, or null)"),
+        (True, "cells[0].bench[0].ms: True is not a time (a finite number of ms > 0, or null)"),
+    ],
+    ids=["nan", "inf", "zero", "negative", "text", "bool"],
+)
+def test_diff_refuses_a_timing_it_cannot_read(tmp_path, ms, said):
+    """Each of these gave exit 0, "No regressions.": the row was left out of the comparison."""
+    done = _diff(tmp_path, [_entry("a", bench=[SPEED_ROW])], [_entry("a", bench=[{**SPEED_ROW, "ms": ms}])])
+    assert done.returncode == 2, done.stdout
+    assert f"new.json: {said}" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_diff_reads_untimed_and_legacy_rows_as_before(tmp_path):
+    legacy = {"op": "l2norm", "impl": "eager", "shape": [8], "ms": "n/a"}
+    old = [_entry("a", bench=[SPEED_ROW, legacy])]
+    done = _diff(tmp_path, old, [_entry("a", bench=[{**SPEED_ROW, "ms": None, "reason": "budget spent"}, legacy])])
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("depth", [100, 100_000])
+def test_diff_refuses_nesting_past_its_limit(tmp_path, depth):
+    """100,000 levels gave a RecursionError traceback and exit 1, the code of a regression."""
+    done = _diff(tmp_path, [_entry("a")], [_entry("a")])
+    new = tmp_path / "new.json"
+    new.write_text(new.read_text().replace('"failures": []', '"failures": [], "x": ' + "[" * depth + "]" * depth))
+    done = subprocess.run(
+        done.args, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")}
+    )
+    assert done.returncode == 2
+    assert "new.json" in done.stderr and "nested deeper than 64 levels" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_diff_refuses_an_output_it_cannot_write(tmp_path):
+    """--output naming a directory gave a traceback and exit 1."""
+    (tmp_path / "taken").mkdir()
+    done = _diff(tmp_path, [_entry("a")], [_entry("a")], "--output", str(tmp_path / "taken"))
+    assert done.returncode == 2
+    assert f"cannot write --output {tmp_path / 'taken'}: " in done.stderr and "Traceback" not in done.stderr
+
+
+def test_a_resolution_that_vanished_from_a_cell_still_passing_is_a_regression(tmp_path):
+    done = _diff(tmp_path, [_entry("a")], [_entry("a", resolution={})])
+    assert done.returncode == 1, done.stdout
+    assert "- a: l2norm on cpu moved from eager to not resolved\n" in done.stdout
+
+
 # ---------------------------------------------------------------- runs: concurrent, interrupted, timed out
 
 MATRIX = {"schema": 1, "cells": [{"name": "c", "device": "cpu", "runtime": "host", "families": ["probe"]}]}
@@ -196,7 +395,7 @@ FAKE_ENTRY = textwrap.dedent(
         subprocess.Popen([sys.executable, "-c",
             f"import time; time.sleep({late_s}); open({late_file!r}, 'w').write('late')"])
     time.sleep(float(sleep_s))
-    open(out + "/junit.xml", "w").write("<testsuites/>")
+    open(out + "/junit.xml", "w").write('<testsuite><testcase classname="t" name="ok"/></testsuite>')
     with open(log, "a") as f:
         f.write(f"end {time.time()} {out}\\n")
     """
@@ -218,7 +417,7 @@ def _good_result(monkeypatch, tmp_path: Path, results: Path) -> bytes:
 
 
 def _leftovers(results: Path) -> list[Path]:
-    return [p for p in results.glob(".*/**/*") if ".locks" not in p.parts] + list(results.glob(".old-*"))
+    return [p for p in results.glob(".*/**/*") if ".guards" not in p.parts] + list(results.glob(".old-*"))
 
 
 def test_two_runs_of_one_cell_take_turns_and_strand_nothing(tmp_path, monkeypatch):
@@ -297,11 +496,11 @@ def test_an_interrupted_run_keeps_the_last_good_result_and_ends_its_processes(tm
     interrupted = json.loads((results / "c" / "interrupted.json").read_text())
     assert interrupted["signal"] == signum.name
     assert interrupted["reason"] == f"interrupted by {signum.name}: the results shown are of the last complete run"
-    built = report.build_report(results)
+    built = report_build.build_report(results).to_json()
     entry = {c["name"]: c for c in built["cells"]}["c"]
     assert (entry["status"], entry["interrupted"]["signal"]) == ("passed", signum.name)
     shown = f"a later run was interrupted by {signum.name} at {interrupted['interrupted_at']}"
-    assert shown in report.render_markdown(built) and shown in report.render_html(built)
+    assert shown in report_markdown.render_markdown(typed(built)) and shown in report_html.render_html(typed(built))
     assert _leftovers(results) == []
 
 
@@ -322,8 +521,8 @@ def test_a_run_told_not_to_wait_refuses_while_another_holds_the_cell(tmp_path, m
     monkeypatch.setattr(cell_mod, "entry_command", _fake_entry(tmp_path / "runs.log", 0))
     matrix = parse_matrix(MATRIX)
     results = tmp_path / "results"
-    (results / ".locks").mkdir(parents=True)
-    with FileLock(results / ".locks" / "c.lock"), pytest.raises(cell_mod.CellBusyError, match="still holds"):
+    (results / ".guards").mkdir(parents=True)
+    with FileLock(results / ".guards" / "c.guard"), pytest.raises(runs.CellBusyError, match="still holds"):
         cell_mod.run_cell(matrix, matrix.cells[0], tmp_path, results, echo=lambda line: None, wait_s=0)
     assert not (results / "c").exists() and not (tmp_path / "runs.log").exists()
 
@@ -340,3 +539,38 @@ def test_a_cell_whose_only_run_was_interrupted_is_reported_as_such(tmp_path):
     write_json(root / "c" / "interrupted.json", record)
     cell = _report_of(root, tmp_path)["c"]
     assert (cell["status"], cell["verdict"], cell["reason"]) == ("interrupted", "MISSING", record["reason"])
+
+
+def _dead_run(results: Path) -> Path:
+    """What a runner killed outright leaves: its marker and its staging directory."""
+    staging = results / ".staging" / "c" / "run-dead"
+    staging.mkdir(parents=True)
+    (staging / "log.txt").write_text("collected 2 items\n")
+    (staging / "tests.jsonl").write_text(json.dumps(FAILED_LINE) + "\n")
+    marker = {"pid": 999999, "host": "h", "started_at": "2026-01-01T00:00:00+00:00", "staging": "run-dead"}
+    write_json(staging.parent / "runner.json", marker)
+    return staging
+
+
+def test_a_dead_runs_marker_is_recorded_by_the_report_or_the_next_run_never_while_a_run_is_live(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    results = tmp_path / "results"
+    good = _good_result(monkeypatch, tmp_path, results)
+    staging = _dead_run(results)
+    with FileLock(results / ".guards" / "c.guard"):  # a live run of the cell: its marker is its own
+        assert report_build.build_report(results).to_json()["cells"][0]["interrupted"] is None
+        assert (staging.parent / "runner.json").exists() and staging.exists()
+    [entry] = report_build.build_report(results).to_json()["cells"]
+    record = entry["interrupted"]
+    assert (entry["status"], record["signal"], record["runner_died"]) == ("passed", "unknown", True)
+    assert record["reason"].startswith("the runner (pid 999999 on h) died without recording its end")
+    assert (record["log_tail"], record["tests_failed"]) == ("collected 2 items", ["tests/test_x.py::test_0: boom"])
+    assert (results / "c" / "cell.json").read_bytes() == good
+    assert not (results / ".staging" / "c").exists() or not any((results / ".staging" / "c").iterdir())
+
+    _dead_run(results)
+    said: list[str] = []
+    matrix = parse_matrix(MATRIX)
+    assert cell_mod.run_cell(matrix, matrix.cells[0], tmp_path, results, echo=said.append).status == "passed"
+    assert any(line.startswith("cell c: previous run: the runner (pid 999999 on h) died") for line in said), said

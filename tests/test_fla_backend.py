@@ -25,6 +25,7 @@ import gdn.backends.fla as fla_backend
 import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE, L2NormCall
+from gdn.gates import GATE_FLOOR
 
 pytestmark = pytest.mark.probe
 
@@ -159,7 +160,7 @@ def install_standin(root: Path, monkeypatch, *, with_l2norm: bool = True):
 
 def on_host():
     """The adapter, widened to serve (and in auto, to rank first on) the host: see the module doc."""
-    backend = dataclasses.replace(fla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+    backend = dataclasses.replace(fla_backend.FlaBackend(), devices=("cpu",), auto_rank={"cpu": 0})
     gdn.register_backend(backend, replace=True)
     return backend
 
@@ -305,8 +306,10 @@ def test_adapter_passes_our_contract_to_flas_signature(tmp_path, monkeypatch, ge
 
     [(name, seen)] = standin.CALLS
     assert name == op
-    for arg in ("q", "k", "v", "g", "beta", "initial_state"):
+    for arg in ("q", "k", "v", "beta", "initial_state"):
         assert seen[arg] is inputs[arg], arg  # GVA: v keeps its HV heads, nothing is repeated
+    # the chunk op's gates go through the floor (a test below), a copy equal to them here
+    assert seen["g"] is inputs["g"] if op == "fused_recurrent_gated_delta_rule" else torch.equal(seen["g"], inputs["g"])
     assert seen["scale"] == 0.3
     assert seen["output_final_state"] is True
     assert seen["use_qk_l2norm_in_kernel"] is True
@@ -320,6 +323,29 @@ def test_adapter_passes_our_contract_to_flas_signature(tmp_path, monkeypatch, ge
     torch.testing.assert_close(state, ref_state)
 
 
+@pytest.mark.parametrize("op", ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"])
+def test_a_complete_decay_reaches_flas_chunk_kernel_floored(tmp_path, monkeypatch, gen, op):
+    """A gate of -inf (complete decay): fla's chunk kernels take differences of cumulative gates, where
+    -inf - -inf is NaN, so the adapter hands them the gates floored (gdn.gates); its recurrent kernel
+    takes exp(g) per token and gets -inf as it is. The stand-in computes with eager, so this holds
+    what each kernel is handed and the gradient at the gate (0, as exp's slope at -inf)."""
+    standin = install_standin(tmp_path, monkeypatch)
+    impl = on_host().implementation(op)
+    inputs = gdn_inputs(gen)
+    inputs["g"][0, [0, 7, 23], 1] = float("-inf")
+    inputs["g"].requires_grad_(op == "chunk_gated_delta_rule")
+    out, state = impl(PREPARE[op](**inputs))
+    [(_, seen)] = standin.CALLS
+    if op == "chunk_gated_delta_rule":
+        assert torch.equal(seen["g"], inputs["g"].clamp_min(GATE_FLOOR))
+        with fla_backend.bypass_hopper_guard():  # the stand-in's gated backward refuses as fla 0.6.0's
+            out.sum().backward()
+        assert inputs["g"].grad.isfinite().all() and not inputs["g"].grad[0, [0, 7, 23], 1].any()
+    else:
+        assert seen["g"] is inputs["g"]
+    assert out.isfinite().all() and state.isfinite().all()
+
+
 def test_fused_recurrent_resolves_to_fla_when_its_probe_passes(tmp_path, monkeypatch, gen):
     # The recurrent op is forward-only, so the stand-in's refusing backward never runs.
     install_standin(tmp_path, monkeypatch)
@@ -330,6 +356,30 @@ def test_fused_recurrent_resolves_to_fla_when_its_probe_passes(tmp_path, monkeyp
     [record] = [r for r in gdn.resolutions() if r["op"] == "fused_recurrent_gated_delta_rule"]
     assert record["backend"] == "fla" and record["route"] == f"fla:{STANDIN_VERSION}"
     assert record["probe"]["passed"] is True
+
+
+def test_offsets_reach_flas_kernels_only_checked_whatever_the_check_mode(tmp_path, monkeypatch, gen):
+    """fla's kernels read cu_seqlens on the device unchecked (Backend.trusts_values): GDN_VALUE_CHECKS=0
+    still runs the host check before fla is called, and a CUDA-graph capture, where that check cannot
+    run, refuses the call."""
+    from gdn import _validate
+
+    standin = install_standin(tmp_path, monkeypatch)
+    on_host()
+    gdn.set_compute_mode("fla")
+    monkeypatch.setenv(resolver.STRICT_ENV, "1")
+    inputs = {**gdn_inputs(gen, N=3), "cu_seqlens": torch.tensor([0, 5, 5, 24])}
+    gdn.fused_recurrent_gated_delta_rule(**inputs)
+    assert gdn.resolutions()[0]["backend"] == "fla"
+    seen = len(standin.CALLS)
+    monkeypatch.setenv("GDN_VALUE_CHECKS", "0")
+    inputs["cu_seqlens"] = torch.tensor([0, 20, 5, 24])
+    with pytest.raises(ValueError, match="argument 'cu_seqlens' expected non-decreasing offsets"):
+        gdn.fused_recurrent_gated_delta_rule(**inputs)
+    monkeypatch.setattr(_validate, "_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"on backend 'fla'.*captured"):
+        gdn.fused_recurrent_gated_delta_rule(**inputs)
+    assert len(standin.CALLS) == seen  # fla never saw them
 
 
 @pytest.mark.parametrize("with_l2norm", [True, False])

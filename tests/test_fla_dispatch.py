@@ -25,7 +25,8 @@ PEERS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 COLLECT = "; ".join(
     [
         "import json",
-        "from gdn.manifest import fla_section, _fla_text",
+        "from gdn.backends.fla import fla_section",
+        "from gdn.matrix.probe import _fla_text",
         "s = fla_section()",
         "print(json.dumps([s, _fla_text(s)]))",
     ]
@@ -86,41 +87,58 @@ def test_flashqla_installed_takes_flas_chunk_op():
         "apache-tvm-ffi": None,
     }
     assert section["flash_qla_import"] == {"ok": True, "version": "0.1.3"}
-    chunk = section["dispatch"]["chunk"]
+    chunk = section["dispatch"]["calls"]["bfloat16"]["chunk"]
     assert chunk["chosen"] == "flash_qla"
     [candidate] = chunk["candidates"]
     assert candidate["backend"] == "flash_qla" and candidate["priority"] == 3
     assert candidate["env_var"] == "FLA_FLASH_QLA" and candidate["default_enable"] is True
     assert candidate["available"] and candidate["enabled"] and candidate["accepted"]
-    guard = section["dispatch"]["hopper_guard"]
+    guard = section["dispatch"]["calls"]["bfloat16"]["hopper_guard"]
     assert guard["applies"] is True and guard["blocks_gated_backward"] is False
     assert "flash_qla" in guard["detail"]
-    assert "chunk -> flash_qla" in text and "[stand-in: fla 0.6.0 registry" in text
+    assert "bfloat16: chunk -> flash_qla" in text and "[stand-in: fla 0.6.0 registry" in text
+
+
+def test_an_fp32_call_takes_another_kernel_than_a_bf16_one():
+    """FlashQLA's verifier refuses fp32: fla's own chunk function runs, and its backward's
+    chunk_bwd_dqkwg goes to TileLang (whose verifier takes fp32 where h is in q's dtype). A manifest
+    that asked about bf16 only would name FlashQLA for a training step in fp32."""
+    needs_absent("apache-tvm-ffi")
+    section, text = fla_section("fla_registry", "flashqla_site")
+    fp32 = section["dispatch"]["calls"]["float32"]
+    assert fp32["chunk"]["chosen"] == "triton"
+    [candidate] = fp32["chunk"]["candidates"]
+    assert candidate["accepted"] is False and "float16 or bfloat16" in candidate["reason"]
+    assert fp32["chunk_bwd_dqkwg"]["chosen"] == "tilelang"
+    assert fp32["hopper_guard"]["blocks_gated_backward"] is False
+    assert "float32: chunk -> triton, chunk_bwd_dqkwg -> tilelang" in text
 
 
 def test_fla_flash_qla_0_sends_the_chunk_op_back_to_flas_triton():
     section, text = fla_section("fla_registry", "flashqla_site", FLA_FLASH_QLA="0")
-    chunk = section["dispatch"]["chunk"]
-    assert chunk["chosen"] == "triton"
-    [candidate] = chunk["candidates"]
+    bf16 = section["dispatch"]["calls"]["bfloat16"]
+    assert bf16["chunk"]["chosen"] == "triton"
+    [candidate] = bf16["chunk"]["candidates"]
     assert candidate["available"] is True and candidate["enabled"] is False and candidate["accepted"] is None
     assert section["dispatch"]["env"] == {"FLA_FLASH_QLA": "0"}
     # tilelang (with nvcc) takes the gated chunk_bwd_dqkwg, so the guard is not reached
-    guard = section["dispatch"]["hopper_guard"]
-    assert guard["dqkwg"]["chosen"] == "tilelang" and guard["blocks_gated_backward"] is False
-    assert "chunk -> triton" in text
+    assert bf16["chunk_bwd_dqkwg"]["chosen"] == "tilelang"
+    assert bf16["hopper_guard"]["blocks_gated_backward"] is False
+    assert "bfloat16: chunk -> triton, chunk_bwd_dqkwg -> tilelang" in text
 
 
 def test_fla_alone_on_hopper_is_blocked_by_its_guard():
     needs_absent("flash-qla", "tilelang")
     section, text = fla_section("fla_registry")
     assert section["peer_packages"]["flash-qla"] is None and section["flash_qla_import"] is None
-    assert section["dispatch"]["chunk"]["chosen"] == "triton"
-    [candidate] = section["dispatch"]["chunk"]["candidates"]
-    assert candidate["available"] is False  # flash_qla is not found
-    guard = section["dispatch"]["hopper_guard"]
-    assert guard["dqkwg"]["chosen"] == "triton" and guard["blocks_gated_backward"] is True
-    assert "Hopper guard blocks the gated backward" in text
+    for dtype in ("bfloat16", "float32"):
+        calls = section["dispatch"]["calls"][dtype]
+        assert calls["chunk"]["chosen"] == "triton"
+        [candidate] = calls["chunk"]["candidates"]
+        assert candidate["available"] is False  # flash_qla is not found
+        assert calls["chunk_bwd_dqkwg"]["chosen"] == "triton"
+        assert calls["hopper_guard"]["blocks_gated_backward"] is True
+    assert "float32: chunk -> triton, chunk_bwd_dqkwg -> triton (Hopper guard blocks the gated backward)" in text
 
 
 def test_tilelang_without_z3_breaks_import_fla_and_says_why():

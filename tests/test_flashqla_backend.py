@@ -22,6 +22,7 @@ import gdn.backends.flashqla as flashqla_backend
 import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE
+from gdn.gates import GATE_FLOOR
 
 pytestmark = pytest.mark.probe
 
@@ -59,7 +60,7 @@ def standin(monkeypatch):
 
 
 def on_host():
-    backend = dataclasses.replace(flashqla_backend.make_backend(), devices=("cpu",), auto_rank={"cpu": 0})
+    backend = dataclasses.replace(flashqla_backend.FlashQLABackend(), devices=("cpu",), auto_rank={"cpu": 0})
     gdn.register_backend(backend, replace=True)
     return backend
 
@@ -120,8 +121,9 @@ def test_contract_reaches_flashqlas_signature(standin, gen, int32_offsets):
     call = PREPARE[OP](**args)
     out, state = impl(call)
     [seen] = standin.CALLS
-    for name in ("q", "k", "v", "g", "beta", "initial_state"):
+    for name in ("q", "k", "v", "beta", "initial_state"):
         assert seen[name] is args[name], name  # GVA: v keeps its HV heads
+    assert torch.equal(seen["g"], args["g"])  # through the floor (below): a copy, equal here
     assert seen["scale"] == 0.3 and seen["output_final_state"] is True and seen["use_qk_l2norm_in_kernel"] is True
     assert seen["cu_seqlens"].dtype == torch.int64 and seen["cu_seqlens"].tolist() == [0, 5, 24]
     assert seen["head_first"] is False and seen["cp_context"] is None
@@ -203,6 +205,22 @@ def test_sequences_without_tokens_are_kept_out_of_flashqlas_call(standin, gen, w
     want = torch.autograd.grad(ref_out.float().sum() + (ref_state * weights).sum(), grads)
     for name, a, b in zip(names, got, want, strict=True):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def test_a_complete_decay_reaches_flashqla_floored(standin, gen):
+    """A gate of -inf (complete decay): FlashQLA's chunk kernels take differences of cumulative gates,
+    where -inf - -inf is NaN, so the adapter hands them the gates floored (gdn.gates). The stand-in
+    computes with eager: this holds what FlashQLA is handed and the gradient at the gate (0)."""
+    impl = on_host().implementation(OP)
+    args = inputs(gen)
+    args["g"][0, [0, 9], 1] = float("-inf")
+    args["g"].requires_grad_(True)
+    out, state = impl(PREPARE[OP](**args))
+    [seen] = standin.CALLS
+    assert torch.equal(seen["g"], args["g"].detach().clamp_min(GATE_FLOOR))
+    out.float().sum().backward()
+    assert out.isfinite().all() and state.isfinite().all()
+    assert args["g"].grad.isfinite().all() and not args["g"].grad[0, [0, 9], 1].any()
 
 
 def test_a_half_precision_gate_reaches_flashqla_in_fp32_for_training(standin, gen):

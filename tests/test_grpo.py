@@ -21,8 +21,10 @@ import pytest
 import gdn
 import gdn.backends.eager
 from gdn.backends.base import Backend
+from gdn.matrix.outcomes import COMPARISON
 from grpo.backends import (
     EXPECT_ENV,
+    comparison,
     describe,
     expected_modes,
     not_compared,
@@ -102,13 +104,14 @@ def test_backend_matches_eager(mode, record_property):
         not_compared(mode, f"backend {mode} is unavailable on {dev.type}: {reason}")
     resolutions = resolve_under(mode, dev)
     report(f"{mode} against eager on {dev.type}; the ops resolved to:", describe(resolutions))
+    # what is compared, whatever the verdict: a comparison whose ops fell back must not pass under the name
+    record_property(COMPARISON, json.dumps(comparison(mode, resolutions)))
     served = {op: res.backend for op, res in resolutions.items()}
     fell_back = [op for op, backend in served.items() if backend != mode]
     if len(fell_back) == len(served):
         not_compared(mode, f"backend {mode} serves none of the GDN ops on {dev.type} (all fell back to eager)")
     if fell_back and mode in expected_modes():
         pytest.fail(f"{EXPECT_ENV} expects {mode} to serve every op of the step; fell back: {', '.join(fell_back)}")
-    record_property("gdn_served", json.dumps({op: res.route for op, res in resolutions.items()}))
     tol = Tolerance.for_backends(served)
     failures, uncompared = [], []
     for kind, layout in BACKEND_CASES:

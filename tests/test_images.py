@@ -3,6 +3,7 @@ against a fake host tree, and build/run driven through a fake client."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,6 +15,7 @@ import pytest
 
 from gdn.matrix import devices, images
 from gdn.matrix.config import Cell, Versions
+from gdn.matrix.lockfile import NOT_RECORDED, render_header
 
 pytestmark = pytest.mark.tooling
 # Cell images collect tests/ too (then deselect by marker) and carry no docker SDK.
@@ -26,7 +28,21 @@ INDEX_ENV = {
     "PIP_EXTRA_INDEX_URL": "https://user:token@extra.example/simple",
     "PIP_TRUSTED_HOST": "mirror.example",
 }
-LOCK_HEADER = "# cell: {cell}\n# platform: x86_64-manylinux_2_28\n# python: 3.11\n# uv: 0.13.9\n# inputs: sha256:0\n"
+WHEEL_BYTES = b"wheel v1"
+
+
+def lock_text(cell: str = "cpu-cell", wheel: bytes | None = WHEEL_BYTES) -> str:
+    """A whole lock of make_cell()'s pins; the wheelhouse file's hash recorded unless `wheel` is None."""
+    body = f"torch==2.13.0 \\\n    --hash=sha256:{'a' * 64}\n"
+    fields = [("cell", cell), ("platform", "x86_64-manylinux_2_28"), ("python", "3.11"), ("uv", "0.13.9")]
+    fields.append(("inputs", "sha256:" + "0" * 64))
+    if wheel is None:
+        fields.append(("wheelhouse", f"{WHEEL} {NOT_RECORDED}"))
+    else:
+        sha = hashlib.sha256(wheel).hexdigest()
+        fields.append(("wheelhouse", f"{WHEEL} sha256:{sha}"))
+        body += f"flash-linear-attention-npu==26.10.0 \\\n    --hash=sha256:{sha}\n"
+    return render_header(fields, body, cell) + body
 
 
 def make_cell(device: str = "cpu", **changes: Any) -> Cell:
@@ -54,8 +70,8 @@ def inputs(tmp_path: Path) -> tuple[dict[str, Path], dict[str, Path]]:
         "wheels[0]": tmp_path / "wheelhouse" / WHEEL,
     }
     files["dockerfile"].write_text("ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\n")
-    files["lock"].write_text(LOCK_HEADER.format(cell="cpu-cell") + "torch==2.13.0 \\\n    --hash=sha256:aa\n")
-    files["wheels[0]"].write_bytes(b"wheel v1")
+    files["lock"].write_text(lock_text())
+    files["wheels[0]"].write_bytes(WHEEL_BYTES)
     extras = {"ca-bundle.crt": tmp_path / "ca.crt"}
     extras["ca-bundle.crt"].write_text("-----BEGIN CERTIFICATE-----\n")
     return files, extras
@@ -285,10 +301,15 @@ class FakeClient:
     def __init__(self, api: FakeAPI | None = None, container: Any = None) -> None:
         self.api, self.container, self.created = api, container, {}
         self.containers = self
+        self.left_over: list[Any] = []
 
     def create(self, image: str, command: list[str], **kwargs: Any) -> Any:
         self.created = {"image": image, "command": command, **kwargs}
         return self.container
+
+    def list(self, all: bool, filters: dict[str, str]) -> list[Any]:
+        self.listed = filters
+        return self.left_over
 
 
 def test_build_streams_lines_from_a_context_of_only_the_cell_inputs(inputs, tmp_path: Path, monkeypatch) -> None:
@@ -354,14 +375,39 @@ def test_an_image_that_only_carries_the_tag_is_rebuilt(inputs, tmp_path: Path, m
 
 def test_build_refuses_a_lock_without_a_wheelhouse_hash(inputs, tmp_path: Path, monkeypatch) -> None:
     files, extras = inputs
-    absent = f"# wheelhouse: {WHEEL} hash not recorded: file absent when locked\n"
-    files["lock"].write_text(LOCK_HEADER.format(cell="cpu-cell") + absent)
+    files["lock"].write_text(lock_text(wheel=None))
     monkeypatch.setattr(images, "context_files", lambda root: extras)
     api = FakeAPI([{"stream": "Step 1/1 : FROM base\n"}])
     expected = rf"cell cpu-cell: .*records no hash for the wheelhouse file\(s\) {WHEEL}.*gdn-matrix lock cpu-cell"
     with pytest.raises(images.ImageBuildError, match=expected):
         images.build_image(FakeClient(api), make_cell(), files, tmp_path, log=lambda line: None)
     assert api.builds == []
+
+
+class Untouchable:
+    """A docker client any use of which fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        pytest.fail(f"docker was asked for {name} before the lock was checked")
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda text: text.replace("torch==", "--index-url https://evil.example/simple\ntorch==", 1),
+         r"line 9: '--index-url https://evil.example/simple' is a pip option; a lock holds none"),
+        (lambda text: text.replace("a" * 64, "b" * 64, 1), r"line 8: the body \(lines 9-12\) is not what"),
+        (lambda text: text.replace("\n", "\r\n"), r"line 1: a CRLF line ending"),
+        (lambda text: text.replace("# cell: cpu-cell", "# cell: other"),
+         r"was made for cell other, x86_64-manylinux_2_28, Python 3.11; refresh it with `gdn-matrix lock cpu-cell`"),
+    ],
+    ids=["option-line", "body-edited", "crlf", "another-cell"],
+)  # fmt: skip
+def test_build_refuses_a_lock_that_is_not_whole_before_docker_is_asked(inputs, tmp_path: Path, edit, said) -> None:
+    files, _ = inputs
+    files["lock"].write_text(edit(files["lock"].read_text()))
+    with pytest.raises(images.ImageBuildError, match=rf"cell cpu-cell: .*{said}"):
+        images.build_image(Untouchable(), make_cell(), files, tmp_path, log=lambda line: None)
 
 
 def test_build_is_skipped_when_the_tag_exists(inputs, tmp_path: Path, monkeypatch) -> None:
@@ -395,9 +441,20 @@ class FakeContainer:
     def __init__(self, lines: list[bytes], code: int | None) -> None:
         self.lines, self.code = lines, code
         self.killed, self.removed = threading.Event(), False
+        self.name, self.events = "fake", []
+
+    def attach_socket(self, params: dict[str, int]) -> Any:
+        self.events.append(("attach", params))
+        container = self
+
+        class Socket:
+            def close(self) -> None:
+                container.events.append(("detach", None))
+
+        return Socket()
 
     def start(self) -> None:
-        pass
+        self.events.append(("start", None))
 
     def logs(self, stream: bool, follow: bool):
         yield from self.lines
@@ -433,6 +490,25 @@ def test_run_mounts_source_read_only_and_results_writable(tmp_path: Path) -> Non
     assert (out.stat().st_mode & 0o7777, out.stat().st_gid) == (images.RESULTS_MODE, images.results_gid())
     assert client.created["cap_drop"] == ["ALL"] and client.created["security_opt"] == ["no-new-privileges"]
     assert container.removed
+
+
+def test_a_container_ends_with_its_runner_and_the_next_run_removes_one_left(tmp_path: Path) -> None:
+    """A container outlives the client that started it: its stdin is the runner's attachment, which the
+    engine closes when the runner dies (the entry then ends its processes), and a container a dead
+    runner left is removed by the next run of the cell."""
+    left = FakeContainer([], code=0)
+    container = FakeContainer([b"ok\n"], code=0)
+    client = FakeClient(container=container)
+    client.left_over = [left]
+    out = tmp_path / "results" / ".staging" / "c" / "run-1"
+    lines: list[str] = []
+    images.run_container(client, make_cell(), "t:1", root=tmp_path, out_dir=out, command=["python"], log=lines.append)
+    run_of = str(out.parent.resolve())
+    assert client.listed == {"label": f"{images.RUN_LABEL}={run_of}"} and left.removed
+    assert lines[0] == "[gdn-matrix: removing fake, left by a run of this cell whose runner died]"
+    assert client.created["stdin_open"] is True and client.created["labels"] == {images.RUN_LABEL: run_of}
+    assert [event for event, _ in container.events] == ["attach", "start", "detach"]
+    assert container.events[0][1] == {"stdin": 1, "stream": 1}
 
 
 def test_run_past_the_timeout_is_killed_and_keeps_its_log(tmp_path: Path) -> None:

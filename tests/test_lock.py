@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import zipfile
@@ -19,6 +20,7 @@ import yaml
 from gdn.matrix import cli, lock
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import load_matrix
+from gdn.matrix.lockfile import LockFileError, WheelhouseFile, body_digest, parse_body
 
 pytestmark = pytest.mark.tooling
 # Cell images collect tests/ too (then deselect by marker) and carry no uv.
@@ -171,7 +173,9 @@ def test_the_shipped_matrix_and_locks_pass_the_check_on_the_real_index(real_inde
     code, out, err = gdn_lock(ROOT, None, "--check", capsys=capsys)
     assert (code, err) == (0, "")
     locked = [cell.name for cell in load_matrix(ROOT / "matrix.yaml").cells if cell.locked]
-    assert out.splitlines() == [f"cell {name}: ok" for name in locked]
+    # the cpu cell's torch+cpu is a wheelhouse file, which a machine may lack: then it says so
+    said = [line.split(" (torch's hash not verified here: ", 1)[0] for line in out.splitlines()]
+    assert said == [f"cell {name}: ok" for name in locked]
     assert {"cpu", "npu-266", "npu-2610", "npu-fla"} <= set(locked)
 
 
@@ -206,9 +210,7 @@ def test_lock_writes_a_hashed_lock_that_reads_back_and_passes_the_check(tmp_path
         "flash-linear-attention-npu": "26.10.0",
     }
     assert read.wheelhouse == (
-        lock.WheelhouseFile(
-            file=fla_npu.name, name="flash-linear-attention-npu", version="26.10.0", sha256=sha256(fla_npu)
-        ),
+        WheelhouseFile(file=fla_npu.name, name="flash-linear-attention-npu", version="26.10.0", sha256=sha256(fla_npu)),
     )
     assert read.summary() == {"digest": read.digest, "packages": dict(sorted(read.packages.items()))}
     assert gdn_lock(root, index, "--check", capsys=capsys) == (0, "cell npu-2610: ok\n", "")
@@ -335,12 +337,18 @@ def test_unusable_input_exits_2(tmp_path, index, capsys) -> None:
     root = checkout(tmp_path, [npu_cell()])
     code, _, err = gdn_lock(root, index, "--check", "gpu", capsys=capsys)
     assert code == 2 and "no cell named 'gpu'" in err
+    tools = (root / "docker" / "requirements-test.txt").read_text()
     (root / "docker" / "requirements-test.txt").unlink()
     code, _, err = gdn_lock(root, index, "--check", capsys=capsys)
     assert code == 2 and "cannot read the test tools' pins" in err
+    (root / "docker" / "requirements-test.txt").write_text(tools)
     (root / "locks").mkdir()
     (root / "locks" / "npu-2610.txt").write_text("torch==2.9.0\n")
-    with pytest.raises(lock.LockError, match=r"npu-2610.txt: not a gdn-matrix lock \(header lacks cell, platform"):
+    with pytest.raises(LockFileError, match=r"line 1: not a gdn-matrix lock \(its header lacks cell, platform"):
+        lock.read_lock(root / "locks" / "npu-2610.txt")
+    (root / "locks" / "npu-2610.txt").unlink()
+    (root / "locks" / "npu-2610.txt").mkdir()
+    with pytest.raises(lock.LockError, match=r"cannot read the lock .*npu-2610.txt: "):
         lock.read_lock(root / "locks" / "npu-2610.txt")
 
 
@@ -362,3 +370,155 @@ def test_a_cell_run_records_its_lock(tmp_path, index, capsys) -> None:
     )
     assert outcome.status == "not_run"
     assert asdict(outcome.lock) == lock.read_lock(root / "locks" / "npu-2610.txt").summary()
+
+
+# ---------------------------------------------------------------- a lock checked whole
+
+CPU_LOCK = (ROOT / "locks" / "cpu.txt").read_text()
+
+
+def _line(text: str, needle: str) -> int:
+    return text[: text.index(needle)].count("\n") + 1
+
+
+def _entry_of(text: str, name: str) -> str:
+    """A package's lines: its requirement, hashes and comments, up to the next requirement."""
+    start = text.index(f"\n{name}==") + 1
+    rest = text.index("\n", start) + 1
+    following = re.search(r"^[a-z0-9]", text[rest:], re.MULTILINE)
+    return text[start : rest + following.start()]
+
+
+_HASHES = re.findall(r"--hash=sha256:([0-9a-f]{64})", CPU_LOCK)
+DOC_HASH, TYPES_HASH = _HASHES[0], CPU_LOCK.split("annotated-types==", 1)[1].split("sha256:", 1)[1][:64]
+CHANGED_HASH = DOC_HASH[:-1] + ("0" if DOC_HASH[-1] != "0" else "1")
+FIRST = "annotated-doc==0.0.7 \\\n"
+BODY_LINE = _line(CPU_LOCK, "# body: ")
+LAST = CPU_LOCK.count("\n")
+ANYIO = _entry_of(CPU_LOCK, "anyio")
+
+
+TAMPERINGS: dict[str, tuple[bytes, str]] = {
+    "hash-digit-changed": (
+        CPU_LOCK.replace(DOC_HASH, CHANGED_HASH, 1).encode(),
+        f"line {_line(CPU_LOCK, DOC_HASH)}: sha256:{CHANGED_HASH[:12]}… is no file of annotated-doc 0.0.7 on the index",
+    ),
+    "hash-swapped-for-another-packages": (
+        CPU_LOCK.replace(DOC_HASH, TYPES_HASH, 1).encode(),
+        f"line {_line(CPU_LOCK, TYPES_HASH)}: sha256:{TYPES_HASH[:12]}… is listed for both annotated-doc "
+        f"(line {_line(CPU_LOCK, DOC_HASH)}) and annotated-types",
+    ),
+    "package-added-with-a-hash": (
+        CPU_LOCK.replace(FIRST, f"evil-pkg==1.0 \\\n    --hash=sha256:{'e' * 64}\n{FIRST}", 1).encode(),
+        f"line {BODY_LINE + 1}: evil-pkg==1.0 is not on the index for x86_64-manylinux_2_28 / CPython 3.11",
+    ),
+    "package-added-without-a-hash": (
+        CPU_LOCK.replace(FIRST, f"evil-pkg==1.0\n{FIRST}", 1).encode(),
+        f"line {BODY_LINE + 1}: evil-pkg==1.0 has no --hash=sha256: pip's --require-hashes needs one",
+    ),
+    "index-url-line": (
+        CPU_LOCK.replace(FIRST, f"--index-url https://evil.example/simple\n{FIRST}", 1).encode(),
+        f"line {BODY_LINE + 1}: '--index-url https://evil.example/simple' is a pip option; a lock holds none",
+    ),
+    "extra-index-url-line": (
+        CPU_LOCK.replace(FIRST, f"--extra-index-url https://evil.example/simple\n{FIRST}", 1).encode(),
+        f"line {BODY_LINE + 1}: '--extra-index-url https://evil.example/simple' is a pip option; a lock holds none",
+    ),
+    "unpinned-version-changed": (
+        CPU_LOCK.replace("\nfilelock==4.3.1 \\", "\nfilelock==4.3.0 \\", 1).encode(),
+        f"line {_line(CPU_LOCK, 'filelock==4.3.1')}: filelock==4.3.0 is not on the index",
+    ),
+    "line-cut-mid-hash": (
+        CPU_LOCK.replace(DOC_HASH, DOC_HASH[:30], 1).encode(),
+        f"line {_line(CPU_LOCK, DOC_HASH)}: annotated-doc==0.0.7 continues here, but "
+        f"'    --hash=sha256:{DOC_HASH[:30]} \\\\' is not a `    --hash=sha256:<64 hex>` line",
+    ),
+    "file-cut-mid-hash": (
+        CPU_LOCK[: CPU_LOCK.index(DOC_HASH) + 30].encode(),
+        f"line {_line(CPU_LOCK, DOC_HASH)}: no newline at its end: the file is cut short",
+    ),
+    "broken-continuation": (
+        CPU_LOCK.replace(FIRST, "annotated-doc==0.0.7\n", 1).encode(),
+        f"line {_line(CPU_LOCK, DOC_HASH)}: '--hash=sha256:{DOC_HASH} \\\\' continues nothing",
+    ),
+    "package-removed": (
+        CPU_LOCK.replace(ANYIO, "", 1).encode(),
+        f"line {BODY_LINE}: the body (lines {BODY_LINE + 1}-{LAST - ANYIO.count(chr(10))}) is not what "
+        "`gdn-matrix lock` wrote",
+    ),
+    "crlf-line-endings": (
+        CPU_LOCK.replace("\n", "\r\n").encode(),
+        "line 1: a CRLF line ending; a lock's lines end in LF alone",
+    ),
+    "duplicate-package": (
+        (CPU_LOCK + ANYIO).encode(),
+        f"line {LAST + 1}: anyio is listed twice (first at line {_line(CPU_LOCK, ANYIO)})",
+    ),
+    "invalid-utf8-byte": (
+        CPU_LOCK.encode().replace(b"# via typer", b"# via t\xffper", 1),
+        f"line {_line(CPU_LOCK, '# via typer')}: not valid UTF-8 (byte 0xff)",
+    ),
+}
+
+
+@pytest.fixture
+def cpu_checkout(tmp_path: Path, monkeypatch) -> Path:
+    """This repository's matrix, test tools and cpu lock in a scratch checkout, the index standing in
+    for PyPI as what the committed lock was made from: each pin exists, each release has the files the
+    committed lock lists (test_the_shipped_matrix_and_locks_pass_the_check_on_the_real_index proves
+    both against the index itself)."""
+    root = tmp_path / "checkout"
+    (root / "docker").mkdir(parents=True)
+    (root / "locks").mkdir()
+    for name in ("matrix.yaml", "docker/requirements-test.txt", "locks/cpu.txt"):
+        shutil.copyfile(ROOT / name, root / name)
+    committed, _ = parse_body(CPU_LOCK[CPU_LOCK.index(FIRST) :])
+    files = {r.name: (r.version, r.hashes) for r in committed}
+
+    def index_hashes(inputs, requirements, index_args):
+        asked = dict(requirement.split("==") for requirement in requirements)
+        return {name: files[name] for name, version in asked.items() if files.get(name, ("",))[0] == version}
+
+    monkeypatch.setattr(lock, "missing_pins", lambda inputs, index_args=(): [])
+    monkeypatch.setattr(lock, "_index_hashes", index_hashes, raising=False)
+    monkeypatch.delenv("GDN_WHEELHOUSE", raising=False)
+    return root
+
+
+def test_the_committed_cpu_lock_passes_the_whole_check(cpu_checkout, capsys):
+    code, out, err = gdn_lock(cpu_checkout, None, "--check", "cpu", capsys=capsys)
+    assert (code, err) == (0, "")
+    assert out.startswith("cell cpu: ok")
+
+
+@pytest.mark.parametrize("tampering", TAMPERINGS, ids=list(TAMPERINGS))
+def test_every_tampering_of_a_lock_fails_the_check_naming_cell_and_line(cpu_checkout, capsys, tampering):
+    """Of 18 tamperings of locks/cpu.txt, these passed as "cell cpu: ok" (the invalid byte was a
+    traceback): the check read only the header and the pins."""
+    content, said = TAMPERINGS[tampering]
+    (cpu_checkout / "locks" / "cpu.txt").write_bytes(content)
+    code, out, err = gdn_lock(cpu_checkout, None, "--check", "cpu", capsys=capsys)
+    assert code == 1, err
+    assert out.startswith("cell cpu: lock check failed")
+    assert f"cell cpu: locks/cpu.txt {said}" in err, err
+    assert "Traceback" not in err
+
+
+def test_a_tampering_that_rewrites_the_body_digest_fails_on_the_real_index(tmp_path, real_index, capsys):
+    """Whoever knows the format can recompute the body's digest: a hash that is no file of its release on
+    the index, or a version changed under its old hashes, still fails."""
+    root = tmp_path / "checkout"
+    (root / "docker").mkdir(parents=True)
+    (root / "locks").mkdir()
+    for name in ("matrix.yaml", "docker/requirements-test.txt"):
+        shutil.copyfile(ROOT / name, root / name)
+    header, body = CPU_LOCK[: CPU_LOCK.index(FIRST)], CPU_LOCK[CPU_LOCK.index(FIRST) :]
+    for old, new, said in (
+        (DOC_HASH, CHANGED_HASH, f"sha256:{CHANGED_HASH[:12]}… is no file of annotated-doc 0.0.7 on the index"),
+        ("\nfilelock==4.3.1 \\", "\nfilelock==3.12.0 \\", "is no file of filelock 3.12.0 on the index"),
+    ):
+        tampered = body.replace(old, new, 1)
+        text = header.replace(body_digest(body), body_digest(tampered)) + tampered
+        (root / "locks" / "cpu.txt").write_text(text)
+        code, _, err = gdn_lock(root, None, "--check", "cpu", capsys=capsys)
+        assert code == 1 and "cell cpu: locks/cpu.txt line " in err and said in err, err

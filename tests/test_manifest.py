@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-import gdn.manifest as gdn_manifest
+import gdn.matrix.probe as gdn_manifest
 from gdn import compute_mode
 from gdn.backends.ascendc import surface
+from gdn.backends.triton.findings import NO_DRIVER, triton_section
 from gdn.matrix import cli
 from gdn.op_names import OP_NAMES
 from standins import harness
@@ -430,3 +431,14 @@ def test_a_library_printing_on_import_leaves_the_childs_result_intact(tmp_path: 
     env["PYTHONPATH"] = os.pathsep.join([str(noisy), env["PYTHONPATH"]])
     manifest = harness.run_json(env, "gdn.manifest")
     assert manifest["fla_npu"]["import"]["ok"] is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU driver")
+def test_a_machine_without_a_gpu_says_no_gpu_driver():
+    """Triton's own words there are "0 active drivers ([]). There should only be one.", which reads as
+    a breakage; the manifest says what it means."""
+    section = triton_section()
+    assert section["active_backend"] is None
+    assert section["active_backend_error"] == NO_DRIVER
+    assert section["active_backend_error"].startswith("no GPU driver")

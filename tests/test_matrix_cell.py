@@ -70,6 +70,22 @@ def test_passing_host_cell_writes_every_result(tmp_path):
     assert 'name="test_fine"' in (results / "good" / "junit.xml").read_text()
 
 
+def test_a_probe_mode_is_the_probes_alone_and_the_tests_keep_the_compute_mode(tmp_path):
+    """The local cell probes under triton (the kernels must serve every op) while its tests run in
+    auto: each step sees its own mode."""
+    results = tmp_path / "results"
+    root = source_tree(tmp_path, "ok")
+    (root / "tests" / "test_x.py").write_text(
+        "import os\nimport pytest\n\n@pytest.mark.probe\ndef test_mode():\n"
+        "    assert os.environ['GDN_COMPUTE_MODE'] == 'auto'\n"
+    )
+    matrix = matrix_of(host_cell("probed", probe_mode="eager"))
+    run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
+    assert outcome(results, "probed")["status"] == "passed"
+    records = json.loads((results / "probed" / "resolution.json").read_text())
+    assert records and {r["requested_mode"] for r in records} == {"eager"}
+
+
 def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path):
     results = tmp_path / "results"
     run(tmp_path, "ok", host_cell("good"), results)
@@ -89,7 +105,7 @@ def test_failing_crashing_and_hanging_cells_say_so_and_spare_the_others(tmp_path
     assert not (results / "hanging" / "junit.xml").exists()
 
     assert {p.name: p.read_bytes() for p in (results / "good").iterdir()} == before
-    assert {p.name for p in results.iterdir() if p.name.startswith(".")} <= {".locks", ".staging"}
+    assert {p.name for p in results.iterdir() if p.name.startswith(".")} <= {".guards", ".staging"}
     assert not list(results.glob(".staging/*")), "no staging directory left behind"
 
 
@@ -224,11 +240,17 @@ def test_run_command_takes_a_runtime_and_refuses_one_the_cell_cannot_have(tmp_pa
     assert main(["run", "plain", "--runtime", "docker", *common]) == 2
     assert "cell 'plain' cannot run in the docker runtime: " in capsys.readouterr().err
     assert not (results / "plain").exists()
-    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime
+    # no GPU here (GDN_HOST_ROOT points at an empty tree): not run, and recorded as the host runtime;
+    # like its nox session (skipped) the command succeeds, unless a run is required
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("GDN_HOST_ROOT", str(tmp_path / "no-gpu"))
-        assert main(["run", "cuda-x", "--runtime", "host", *common]) == EXIT_NOT_RUN
-    assert outcome(results, "cuda-x")["runtime"] == "host"
+        patch.delenv("GDN_REQUIRE_RUN", raising=False)
+        assert main(["run", "cuda-x", "--runtime", "host", *common]) == 0
+        assert outcome(results, "cuda-x")["runtime"] == "host"
+        assert main(["run", "cuda-x", "--require-run", *common]) == EXIT_NOT_RUN
+        patch.setenv("GDN_REQUIRE_RUN", "1")
+        assert main(["run", "cuda-x", *common]) == EXIT_NOT_RUN
+    assert outcome(results, "cuda-x")["status"] == "not_run"
 
 
 def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_path):
@@ -241,7 +263,7 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
     import textwrap
     import time
 
-    from gdn.matrix import report
+    from gdn.matrix import report_build
     from gdn.matrix.results import read_cell
 
     results = tmp_path / "results"
@@ -274,11 +296,12 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
         "interrupted by SIGTERM: no complete run is recorded;"
         " its tests before it stopped: 1 passed, 1 failed, 1 skipped"
     )
-    [shown] = report.build_report(results)["cells"]
+    [shown] = report_build.build_report(results).to_json()["cells"]
     assert shown["status"] == "interrupted" and "(failed: " in shown["reason"] and "test_broken" in shown["reason"]
 
     # a timeout publishes the run: its tests.jsonl stands in for the junit.xml it never wrote
-    got = run(tmp_path, "partly", host_cell("slow", timeout_s=20), results)
+    # the timeout leaves the quick tests time to finish on a loaded machine (test_slow sleeps 120 s)
+    got = run(tmp_path, "partly", host_cell("slow", timeout_s=60), results)
     assert got["status"] == "timeout"
     read = read_cell(results / "slow")
     assert sorted((t.name, t.outcome) for t in read.tests) == [
@@ -287,3 +310,87 @@ def test_a_run_stopped_early_keeps_the_outcomes_of_the_tests_it_finished(tmp_pat
     assert (
         "junit.xml is missing: the 3 tests shown are those tests.jsonl recorded before the run ended" in read.problems
     )
+
+
+def _session_of(pid: int) -> int | None:
+    """The session id of a live (not zombie) process, None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return None if fields[0] == "Z" else int(fields[3])
+
+
+def _processes() -> dict[int, tuple[int, int | None]]:
+    """{pid: (parent pid, session id)} of every live process."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if fields[0] != "Z":
+                found[int(entry.name)] = (int(fields[1]), int(fields[3]))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_a_runner_killed_outright_takes_its_tests_with_it_and_is_recorded(tmp_path):
+    """SIGKILL of `gdn-matrix run` (the OOM killer, a hard cancel): its cell's pytest, the workers and
+    what a test started kept running, orphaned, and the killed run was recorded nowhere."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from gdn.matrix import cli, report_build, report_markdown
+
+    results, late, started = tmp_path / "results", tmp_path / "late.txt", tmp_path / "started.txt"
+    matrix_path = tmp_path / "matrix.yaml"
+    matrix_path.write_text(json.dumps({"schema": 1, "cells": [host_cell("c")]}))
+    run(tmp_path, "ok", host_cell("c"), results)
+    good = (results / "c" / "cell.json").read_bytes()
+    source = source_tree(tmp_path, "ok")
+    grandchild = f"import time; time.sleep(8); open({str(late)!r}, 'w')"
+    (source / "tests" / "test_x.py").write_text(
+        TESTS["ok"]
+        + "\n@pytest.mark.probe\ndef test_slow():\n    import subprocess, sys, time\n"
+        + f"    subprocess.Popen([sys.executable, '-c', {grandchild!r}])\n"
+        + f"    open({str(started)!r}, 'w').close()\n    time.sleep(120)\n"
+    )
+    command = [sys.executable, "-m", "gdn.matrix.cli", "run", "c", "--matrix", str(matrix_path)]
+    command += ["--root", str(source), "--results", str(results)]
+    env = {**os.environ, "GDN_TEST_WORKERS": "2", "PYTHONPATH": str(Path(cli.__file__).parents[2])}
+    runner = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not started.exists():
+        assert time.monotonic() < deadline and runner.poll() is None, "the slow test never started"
+        time.sleep(0.2)
+    time.sleep(1)  # its grandchild is on its way
+    processes = _processes()
+    [entry] = [pid for pid, (parent, _) in processes.items() if parent == runner.pid]
+    of_the_run = {pid for pid, (_, session) in processes.items() if session == entry}
+    assert len(of_the_run) >= 4, "the entry, pytest, its workers and the test's own process"
+
+    runner.send_signal(signal.SIGKILL)  # to the runner alone, as the OOM killer does
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while alive := {pid for pid in of_the_run if _session_of(pid) == entry}:
+        assert time.monotonic() < deadline, f"processes of the killed run still live: {sorted(alive)}"
+        time.sleep(0.2)
+    time.sleep(9)  # past the moment the test's grandchild would have written its file
+    assert not late.exists(), "a process the killed run started kept running"
+    assert (results / "c" / "cell.json").read_bytes() == good
+
+    [shown] = report_build.build_report(results).to_json()["cells"]
+    assert (shown["status"], shown["verdict"]) == ("passed", "PASSED"), "the last good result is kept"
+    record = shown["interrupted"]
+    assert (record["signal"], record["runner_died"], record["tests_finished"]) == ("unknown", True, {"passed": 1})
+    assert record["reason"].startswith(f"the runner (pid {runner.pid} on ")
+    assert "died without recording its end: killed outright (SIGKILL: the OOM killer" in record["reason"]
+    assert "the results shown are of the last complete run; its tests before it stopped: 1 passed" in record["reason"]
+    assert "a later run died at " in report_markdown.render_markdown(report_build.build_report(results))
+    assert json.loads((results / "c" / "interrupted.json").read_text()) == record
+    assert not list((results / ".staging").glob("c/*")), "the dead run's staging is cleared"

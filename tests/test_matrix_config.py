@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from gdn.matrix.config import MatrixConfigError, cell_files, load_matrix, parse_matrix
+from gdn.op_names import OP_NAMES
 
 pytestmark = pytest.mark.tooling
 
@@ -21,6 +22,9 @@ def test_shipped_matrix_has_the_required_cells():
     cells = {c.name: c for c in matrix.cells}
     assert {"local", "cpu", "npu-266", "npu-2610"} <= set(cells)
     assert cells["local"].runtime == "host" and cells["local"].device == "cpu"
+    # the main job: the bundled kernels must serve every op the probe resolves, its tests in auto
+    assert (cells["local"].probe_mode, cells["local"].compute_mode) == ("triton", "auto")
+    assert {(e.op, e.backend) for e in cells["local"].expect} == {(op, "triton") for op in OP_NAMES}
     assert cells["cpu"].runtime == "docker" and cells["cpu"].device == "cpu"
     cuda = [c for c in matrix.cells if c.device == "cuda"]
     assert len({c.versions.triton for c in cuda}) >= 2, "two CUDA cells with different Triton"

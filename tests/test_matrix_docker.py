@@ -17,7 +17,7 @@ import pytest
 
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import parse_matrix
-from gdn.matrix.report import build_report
+from gdn.matrix.report_build import build_report
 
 pytestmark = pytest.mark.tooling
 
@@ -86,8 +86,9 @@ def test_broken_cells_are_reported_and_spare_the_others(engine, tmp_path):
     survivor = results / "survivor"
     survivor.mkdir(parents=True)
     (survivor / "cell.json").write_text(
-        json.dumps({"cell": "survivor", "status": "passed", "device": "cpu", "runtime": "host"})
+        json.dumps({"cell": "survivor", "status": "passed", "device": "cpu", "runtime": "host", "exit_code": 0})
     )
+    (survivor / "junit.xml").write_text('<testsuite><testcase classname="t" name="test_ok"/></testsuite>')
     kept = (survivor / "cell.json").read_bytes()
 
     outcomes = {c.name: run_cell(matrix, c, root, results, echo=lambda line: None) for c in matrix.cells}
@@ -100,7 +101,7 @@ def test_broken_cells_are_reported_and_spare_the_others(engine, tmp_path):
     assert outcomes["hangs"].duration_s < 120
     assert (survivor / "cell.json").read_bytes() == kept
 
-    report = {c["name"]: c for c in build_report(results, matrix)["cells"]}
+    report = {c["name"]: c for c in build_report(results, matrix).to_json()["cells"]}
     assert report["build-fails"]["status"] == "build_failed"
     assert report["exits-nonzero"]["status"] == "error" and "exited with status" in report["exits-nonzero"]["reason"]
     assert report["hangs"]["status"] == "timeout"
@@ -119,3 +120,69 @@ def test_unchanged_image_is_not_rebuilt(engine, tmp_path):
     )
     third = run_cell(matrix, matrix.cells[0], root, results, echo=lambda line: None)
     assert third.image != first.image and third.image_built is True
+
+
+# Stands in for pytest in the base image, which has none: it starts a process of its own, says so in
+# the results directory and runs until it is killed.
+FAKE_PYTEST = """
+import subprocess, sys, time
+subprocess.Popen(["sleep", "600"])
+open("/results/started", "w").close()
+time.sleep(600)
+"""
+
+
+def test_a_container_ends_when_its_runner_is_killed_outright(engine, tmp_path):
+    """A container outlives the client that started it: SIGKILL of the runner left the cell running."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    from gdn.matrix import images
+
+    root = tmp_path / "src"
+    shutil.copytree(Path(images.__file__).parents[2], root / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "src" / "pytest").mkdir()
+    (root / "src" / "pytest" / "__main__.py").write_text(FAKE_PYTEST)
+    (root / "tests").mkdir()
+    out = tmp_path / "results" / ".staging" / "killed" / "run-1"
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        textwrap.dedent(
+            f"""
+            from pathlib import Path
+            from gdn.matrix import images
+            from gdn.matrix.config import parse_matrix
+            cell = parse_matrix({{"schema": 1, "cells": [{docker_cell("killed")!r}]}}).cells[0]
+            client, _ = images.docker_client()
+            command = ["python3", "-m", "gdn.matrix.entry", "--cell", "killed", "--out", "/results",
+                       "--families", "probe", "--tests", "/src/tests", "--end-with-stdin"]
+            images.run_container(client, cell, {BASE_IMAGE!r}, root=Path({str(root)!r}), out_dir=Path({str(out)!r}),
+                                 command=command, log=print)
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    runner = subprocess.Popen([sys.executable, str(driver)], env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (out / "started").exists():
+        assert time.monotonic() < deadline and runner.poll() is None, "the cell never got to its tests"
+        time.sleep(0.5)
+    label = f"{images.RUN_LABEL}={out.resolve().parent}"
+    [container] = engine.containers.list(filters={"label": label})
+    runner.send_signal(signal.SIGKILL)
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 60
+    while container.reload() or container.status == "running":
+        assert time.monotonic() < deadline, "the container kept running after its runner died"
+        time.sleep(0.5)
+    # the next run of the cell removes what the dead one left
+    lines: list[str] = []
+    cell = parse_matrix({"schema": 1, "cells": [docker_cell("killed")]}).cells[0]
+    next_run = out.with_name("run-2")
+    images.run_container(engine, cell, BASE_IMAGE, root=root, out_dir=next_run, command=["true"], log=lines.append)
+    assert engine.containers.list(all=True, filters={"label": label}) == []
+    assert lines[0].endswith("left by a run of this cell whose runner died]")

@@ -151,6 +151,7 @@ def test_a_symlink_out_of_the_checkout_or_wheelhouse_is_refused(tmp_path, monkey
             r"cell 'npu-266': key 'expect\.0\.backend': .*unknown backend 'ascend'",
         ),
         ("cpu", {"compute_mode": "fast"}, r"cell 'cpu': key 'compute_mode': .*unknown compute mode 'fast'"),
+        ("cpu", {"probe_mode": "fast"}, r"cell 'cpu': key 'probe_mode': .*unknown compute mode 'fast'"),
         (
             "cuda-triton36",
             {"runner_labels": ["ubuntu-24.04"]},
@@ -172,9 +173,9 @@ def test_accepted_but_wrong_matrix_entries_are_refused(cell, changes, message):
 
 def test_the_compute_modes_and_backends_a_cell_may_name_are_gdns():
     from gdn import resolve
-    from gdn.backend_names import BACKEND_NAMES
+    from gdn.backends.registry import names
 
-    assert list(BACKEND_NAMES) == list(resolve.backends())
+    assert list(names()) == list(resolve.backends())
     assert parse_matrix(mutated("cpu", compute_mode="triton")).cell("cpu").compute_mode == "triton"
 
 
@@ -186,6 +187,117 @@ def test_a_site_label_for_an_accelerator_cell_is_its_own_business():
 def test_unhashable_values_are_config_errors_not_crashes():
     with pytest.raises(MatrixConfigError, match=r"cell 'cpu': key 'device'"):
         parse_matrix(mutated("cpu", device=["cpu"]))
+
+
+SHIPPED_TEXT = (ROOT / "matrix.yaml").read_text()
+
+
+def write_matrix_text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def line_of(text: str, needle: str) -> int:
+    return text[: text.index(needle)].count("\n") + 1
+
+
+def test_a_duplicate_key_is_refused_with_both_lines(tmp_path):
+    """yaml keeps the last of two equal keys: `device: cpu` then `device: cuda` made a cuda cell, and a
+    second `cells: []` dropped every cell."""
+    first = "    device: cpu\n    runtime: docker\n    dockerfile: docker/cpu.Dockerfile"
+    assert first in SHIPPED_TEXT
+    text = SHIPPED_TEXT.replace(first, first.replace("    runtime:", "    device: cuda\n    runtime:"), 1)
+    at = line_of(SHIPPED_TEXT, first)
+    with pytest.raises(MatrixConfigError, match=rf"line {at + 1}: duplicate key 'device' \(first at line {at}\)"):
+        load_matrix(write_matrix_text(tmp_path / "m.yaml", text))
+    text = SHIPPED_TEXT + "cells: []\n"
+    first_cells = line_of(text, "\ncells:") + 1
+    last = text.count("\n")
+    with pytest.raises(MatrixConfigError, match=rf"line {last}: duplicate key 'cells' \(first at line {first_cells}\)"):
+        load_matrix(write_matrix_text(tmp_path / "m.yaml", text))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("timeout_s", True), ("timeout_s", 60.0), ("bench", "yes"), ("privileged", 1), ("limits", {"pids": "8192"})],
+)
+def test_a_value_of_another_type_is_refused_not_converted(key, value):
+    """`timeout_s: true` became a 1-second timeout, `bench: "yes"` a benchmark run."""
+    with pytest.raises(MatrixConfigError, match=rf"cell 'cpu': key '{key}(\.pids)?': Input should be a valid"):
+        parse_matrix(mutated("cpu", **{key: value}))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["A=B", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "PYTHONSTARTUP", "DYLD_INSERT_LIBRARIES", "GCONV_PATH",
+     "PATH", "BASH_ENV", "lower", "1ABC", "", "A B"],
+)  # fmt: skip
+def test_an_env_name_that_is_no_plain_variable_or_steers_a_loader_is_refused(name):
+    with pytest.raises(MatrixConfigError, match=r"cell 'cpu': key 'env': .*environment variable"):
+        parse_matrix(mutated("cpu", env={name: "x"}))
+
+
+def test_plain_env_names_are_accepted_and_values_carry_no_nul():
+    cell = parse_matrix(mutated("cpu", env={"GDN_TEST_WORKERS": "2", "_X1": "a=b"})).cell("cpu")
+    assert cell.env == {"GDN_TEST_WORKERS": "2", "_X1": "a=b"}
+    with pytest.raises(MatrixConfigError, match=r"cell 'cpu': key 'env': .*NUL"):
+        parse_matrix(mutated("cpu", env={"A": "x\0y"}))
+
+
+@pytest.mark.parametrize("key", ["wheelhouse", "locks"])
+@pytest.mark.parametrize("value", [".git", ".git/hooks", "./.git", "sub/.GIT/x"])
+def test_top_level_directories_never_lie_in_git(key, value):
+    raw = copy.deepcopy(SHIPPED)
+    raw[key] = value
+    with pytest.raises(MatrixConfigError, match=rf"key '{key}': .*\.git"):
+        parse_matrix(raw)
+
+
+def test_a_locks_or_wheelhouse_directory_that_leads_out_of_the_checkout_is_refused(tmp_path, monkeypatch):
+    from gdn.matrix.config import lock_path, wheelhouse_dir
+
+    root, outside = tmp_path / "checkout", tmp_path / "elsewhere"
+    root.mkdir()
+    outside.mkdir()
+    (root / "locks").symlink_to(outside)
+    (root / "wheelhouse").symlink_to(outside)
+    monkeypatch.delenv("GDN_WHEELHOUSE", raising=False)
+    matrix = load_matrix(ROOT / "matrix.yaml")
+    with pytest.raises(MatrixConfigError, match=r"key 'locks': .* leads to .*elsewhere, outside "):
+        lock_path(matrix, matrix.cell("cpu"), root)
+    with pytest.raises(MatrixConfigError, match=r"key 'wheelhouse': .* leads to .*elsewhere, outside "):
+        wheelhouse_dir(matrix, root)
+    monkeypatch.setenv("GDN_WHEELHOUSE", str(outside))  # the operator's own choice
+    assert wheelhouse_dir(matrix, root) == outside
+
+
+BROKEN_FILES = {
+    "invalid-utf8": ("schema: 1\ncells:\n  - name: caf\xe9\n".encode("latin-1"), r"line 3: not valid UTF-8"),
+    "utf16": (SHIPPED_TEXT.encode("utf-16"), r"line 1: not valid UTF-8"),
+    "nested": (b"schema: 1\ncells: " + b"[" * 20_000 + b"]" * 20_000 + b"\n", r"line 2: nested deeper than"),
+    "alias": (b"schema: 1\nx: &a [1]\ncells: *a\n", r"line 2: anchors and aliases"),
+    "duplicate": (b"schema: 1\nschema: 1\ncells: []\n", r"line 2: duplicate key 'schema' \(first at line 1\)"),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_FILES, ids=list(BROKEN_FILES))
+def test_a_matrix_file_that_cannot_load_is_a_config_error(tmp_path, broken):
+    content, message = BROKEN_FILES[broken]
+    path = tmp_path / "m.yaml"
+    path.write_bytes(content)
+    with pytest.raises(MatrixConfigError, match=message):
+        load_matrix(path)
+
+
+def test_a_matrix_path_that_is_no_regular_file_is_a_config_error(tmp_path):
+    with pytest.raises(MatrixConfigError, match="cannot read the matrix"):
+        load_matrix(tmp_path)
+    with pytest.raises(MatrixConfigError, match="not a regular file"):
+        load_matrix(Path("/dev/zero"))
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"#" * (2 << 20))
+    with pytest.raises(MatrixConfigError, match="larger than"):
+        load_matrix(big)
 
 
 @pytest.fixture
@@ -206,14 +318,19 @@ def nox(copy: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_a_broken_matrix_leaves_nox_usable_and_says_what_is_wrong(nox_copy: Path):
+@pytest.mark.parametrize("broken", ["injection", *BROKEN_FILES])
+def test_a_broken_matrix_leaves_nox_usable_and_says_what_is_wrong(nox_copy: Path, broken: str):
+    if broken != "injection":
+        (nox_copy / "broken.yaml").write_bytes(BROKEN_FILES[broken][0])
+    said = "cell 'cpu': key 'versions.python'" if broken == "injection" else BROKEN_FILES[broken][1]
     listed = nox(nox_copy, "-l")
     assert listed.returncode == 0, listed.stderr
-    assert "cell 'cpu': key 'versions.python'" in listed.stderr
+    assert re.search(said, listed.stderr), listed.stderr
+    assert "Traceback" not in listed.stderr
     sessions = set(re.findall(r"^[*-] (\w[\w-]*)", listed.stdout, re.MULTILINE))
     assert {"tests", "lint", "kernels", "matrix", "report", "lock", "diff"} <= sessions
     assert "cpu" not in sessions and "local" not in sessions
     stand_in = nox(nox_copy, "-s", "matrix")
     assert stand_in.returncode == 1
     assert "Session matrix aborted: the matrix cannot be used" in stand_in.stderr
-    assert "key 'versions.python'" in stand_in.stderr.split("Session matrix aborted")[1]
+    assert re.search(said, stand_in.stderr.split("Session matrix aborted")[1])

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import gdn
-from gdn import prepared
+from gdn import ops
 from gdn.resolve import compute_mode_override
 from pool_steps import DEVICE, HV, SLOTS, B, H, K, V, new_pool, tokens
 from reference import rel_err
@@ -96,9 +96,9 @@ def test_a_step_whose_tensors_do_not_match_the_prepared_ones_is_refused_by_name(
 
 def test_the_triton_step_makes_no_public_call_and_the_eager_one_does(gen, monkeypatch):
     public_calls = []
-    public = prepared.ops.fused_recurrent_gated_delta_rule_update
+    public = ops.fused_recurrent_gated_delta_rule_update
     monkeypatch.setattr(
-        prepared.ops,
+        ops,
         "fused_recurrent_gated_delta_rule_update",
         lambda *a, **kw: public_calls.append(1) or public(*a, **kw),
     )

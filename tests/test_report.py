@@ -16,10 +16,12 @@ import pytest
 
 from browser import chromium
 from gdn.matrix import report as report_mod
+from gdn.matrix import report_build, report_html, report_markdown, report_parts, versions
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome, PinDifference
 from gdn.op_names import OP_NAMES
+from report_models import typed, typed_cell, typed_entry
 
 pytestmark = pytest.mark.tooling
 
@@ -104,8 +106,10 @@ NPU_MANIFEST: dict[str, Any] = {
 ASCENDC_REJECTED = "probe: output is all zeros (relative error 1.0 > 0.001)"
 
 
-def _record(op: str, device: str, route: str, rejected: list[tuple[str, str]] = ()) -> dict[str, Any]:
-    return {
+def _record(
+    op: str, device: str, route: str, rejected: list[tuple[str, str]] = (), not_candidates: list[dict[str, str]] = ()
+) -> dict[str, Any]:
+    record = {
         "op": op,
         "device": device,
         "requested_mode": "auto",
@@ -115,9 +119,18 @@ def _record(op: str, device: str, route: str, rejected: list[tuple[str, str]] = 
         "probe": None,
         "rejected": [{"backend": b, "route": None, "reason": r, "probe": None} for b, r in rejected],
     }
+    # records written before the resolver named the backends it never tried have no such key
+    return {**record, "not_candidates": list(not_candidates)} if not_candidates else record
 
 
-CPU_RESOLUTION = [_record(op, "cpu", "eager") for op in OP_NAMES]
+# what gdn.resolve records on cpu in auto mode
+CPU_NOT_CANDIDATES = [
+    {"backend": "ascendc", "reason": "auto tries it on npu only; GDN_COMPUTE_MODE=ascendc selects it"},
+    {"backend": "triton", "reason": "auto tries it on cuda, npu only; GDN_COMPUTE_MODE=triton selects it"},
+    {"backend": "fla", "reason": "serves cuda, npu, not cpu"},
+    {"backend": "flashqla", "reason": "serves cuda, not cpu"},
+]
+CPU_RESOLUTION = [_record(op, "cpu", "eager", not_candidates=CPU_NOT_CANDIDATES) for op in OP_NAMES]
 NPU_RESOLUTION = [
     *CPU_RESOLUTION,
     _record("chunk_gated_delta_rule", "npu", "eager", [("ascendc", ASCENDC_REJECTED)]),
@@ -272,22 +285,22 @@ def results_root(tmp_path: Path, passing_junit: str) -> Path:
     _write_cell(
         root,
         # a CUDA cell run where no GPU was visible: it resolved ops on cpu only
-        CellOutcome(cell="orphan", status="passed", device="cuda", runtime="host"),
-        {"resolution.json": CPU_RESOLUTION},
+        CellOutcome(cell="orphan", status="passed", device="cuda", runtime="host", exit_code=0),
+        {"resolution.json": CPU_RESOLUTION, "junit.xml": _junit(_case("test_probe_runs", "probe"))},
     )
     return root
 
 
 @pytest.fixture
 def report(results_root: Path) -> dict[str, Any]:
-    return report_mod.build_report(results_root, parse_matrix(MATRIX))
+    return report_build.build_report(results_root, parse_matrix(MATRIX)).to_json()
 
 
 def _cell(report: dict[str, Any], name: str) -> dict[str, Any]:
     return next(c for c in report["cells"] if c["name"] == name)
 
 
-NO_VERSIONS = dict.fromkeys(report_mod.VERSION_KEYS)
+NO_VERSIONS = dict.fromkeys(versions.VERSION_KEYS)
 CPU_VERSIONS = {
     **NO_VERSIONS,
     "python": "3.11.2",
@@ -296,7 +309,10 @@ CPU_VERSIONS = {
     "triton_flavour": "triton",
     "transformers": "5.24.0",
 }
-CPU_RESOLUTION_MAP = {op: {"cpu": {"backend": "eager", "route": "eager", "rejected": []}} for op in OP_NAMES}
+CPU_RESOLUTION_MAP = {
+    op: {"cpu": {"backend": "eager", "route": "eager", "rejected": [], "not_candidates": CPU_NOT_CANDIDATES}}
+    for op in OP_NAMES
+}
 
 
 def test_report_header_and_cell_order(report):
@@ -343,6 +359,9 @@ def test_passed_cell(report):
         "failures": [],
         "bench": BENCH["rows"],
         "peer_kernels": {"fla": None},
+        "kernels": {},
+        "comparisons": [],
+        "accuracy": None,
         "expectations": [
             {
                 "op": "chunk_gated_delta_rule",
@@ -385,10 +404,20 @@ def test_failed_cell_on_stand_ins(report):
         "transformers": "5.24.0",
     }
     assert cell["resolution"]["chunk_gated_delta_rule"] == {
-        "cpu": {"backend": "eager", "route": "eager", "rejected": []},
-        "npu": {"backend": "eager", "route": "eager", "rejected": [{"backend": "ascendc", "reason": ASCENDC_REJECTED}]},
+        "cpu": {"backend": "eager", "route": "eager", "rejected": [], "not_candidates": CPU_NOT_CANDIDATES},
+        "npu": {
+            "backend": "eager",
+            "route": "eager",
+            "rejected": [{"backend": "ascendc", "reason": ASCENDC_REJECTED}],
+            "not_candidates": [],
+        },
     }
-    assert cell["resolution"]["l2norm"]["npu"] == {"backend": "triton", "route": "triton:bundled", "rejected": []}
+    assert cell["resolution"]["l2norm"]["npu"] == {
+        "backend": "triton",
+        "route": "triton:bundled",
+        "rejected": [],
+        "not_candidates": [],
+    }
     assert cell["resolution"]["fused_gdn_gating"]["npu"] == {
         "backend": None,
         "route": None,
@@ -406,12 +435,14 @@ def test_failed_cell_on_stand_ins(report):
             "family": "single_op",
             "outcome": "failed",
             "message": "AssertionError: rel err 0.9",
+            "kernels": [],
         },
         {
             "test": "tests.test_ops::test_grid[T=64]",
             "family": "shape_grid",
             "outcome": "error",
             "message": "RuntimeError: ACL error 507015",
+            "kernels": [],
         },
     ]
     # judged on the npu, where ascendc was rejected by its probe
@@ -454,6 +485,9 @@ def test_not_run_cell(report):
         "failures": [],
         "bench": None,
         "peer_kernels": {"fla": None},
+        "kernels": {},
+        "comparisons": [],
+        "accuracy": None,
         "expectations": [
             {
                 "op": "chunk_gated_delta_rule",
@@ -474,7 +508,7 @@ def test_malformed_junit_is_named_and_the_rest_of_the_cell_survives(report):
     assert cell["status"] == "error"
     assert len(cell["problems"]) == 1
     assert cell["problems"][0].startswith("junit.xml is not valid JUnit XML")
-    assert cell["reason"] == f"results unreadable: {cell['problems'][0]}"
+    assert cell["reason"] == f"cell.json says passed but {cell['problems'][0]}"
     assert (cell["families"], cell["failures"]) == ({}, [])
     assert (cell["versions"], cell["resolution"]) == (CPU_VERSIONS, CPU_RESOLUTION_MAP)
 
@@ -507,8 +541,8 @@ def test_cell_outside_the_matrix_is_kept(report):
 
 def test_report_without_a_matrix_lists_what_ran(results_root):
     # a report kept under the results root, as nox keeps results/report/, is not read as a cell
-    report_mod.write_report(report_mod.build_report(results_root), results_root / "report")
-    report = report_mod.build_report(results_root)
+    report_mod.write_report(report_build.build_report(results_root), results_root / "report")
+    report = report_build.build_report(results_root).to_json()
     assert [c["name"] for c in report["cells"]] == sorted(
         ["cpu-ok", "npu-fail", "cpu-badjunit", "cuda-build", "cpu-timeout", "orphan"]
     )
@@ -523,22 +557,22 @@ def test_unreadable_files_and_bad_records_become_problems(tmp_path):
     )
     (root / "nocell").mkdir()
     (root / "nocell" / "manifest.json").write_text("{not json")
-    report = report_mod.build_report(root)
+    report = report_build.build_report(root).to_json()
     odd, nocell = report["cells"][1], report["cells"][0]
     assert odd["problems"] == ["resolution.json: [0].op: Field required", "bench.json: rows: Field required"]
     assert (odd["status"], odd["reason"]) == ("error", "invalid results: resolution.json: [0].op: Field required")
     assert odd["resolution"] == {}
     assert (nocell["status"], nocell["reason"]) == ("error", "cell.json is missing: the cell never recorded an outcome")
     assert nocell["problems"][0] == nocell["reason"]
-    assert nocell["problems"][1].startswith("manifest.json is unreadable: ")
-    assert '<section class="cell s-error" id="cell-nocell"' in report_mod.render_html(report)
+    assert nocell["problems"][1].startswith("manifest.json is not JSON: ")
+    assert '<section class="cell s-error" id="cell-nocell"' in report_html.render_html(typed(report))
 
 
 def test_route_text_marks_fallbacks():
     entry = {"backend": "eager", "route": "eager", "rejected": [{"backend": "triton", "reason": "x"}]}
-    assert report_mod.route_text(entry) == "eager (triton rejected)"
-    assert report_mod.route_text({"backend": None, "route": None, "error": "boom"}) == "error"
-    assert report_mod.route_text(None) == "—"
+    assert report_parts.route_text(typed_entry(entry)) == "eager (triton rejected)"
+    assert report_parts.route_text(typed_entry({"backend": None, "route": None, "error": "boom"})) == "error"
+    assert report_parts.route_text(None) == "—"
 
 
 def _md_section(markdown: str, heading: str) -> str:
@@ -550,28 +584,36 @@ def _md_row(section: str, first: str) -> str:
 
 
 def test_markdown(report):
-    md = report_mod.render_markdown(report)
+    md = report_markdown.render_markdown(typed(report))
     assert md.startswith(f"# gdn-matrix report\n\nGenerated {report['generated_at']}.")
     cells = _md_section(md, "Cells")
     assert "| cell | status | device | card | runtime | lock | duration | reason |" in cells
     assert _md_row(cells, "npu-absent") == (
-        "| npu-absent | ⚪ not_run | npu | — | docker | — | — | no results: never run; "
+        "| npu-absent | ⚪ not run | npu | — | docker | — | — | no results: never run; "
         "needs an Ascend NPU runner (/dev/davinci_manager) and a docker engine |"
     )
     assert (
         _md_row(cells, "cuda-build")
-        == "| cuda-build | 🧱 build_failed | cuda | — | docker | — | — | docker build exited 1 |"
+        == "| cuda-build | 🧱 build failed | cuda | — | docker | — | — | docker build exited 1 |"
     )
     timeout_row = "| cpu-timeout | ⏱️ timeout | cpu | — | host | — | 60 s | timed out after 60 s |"
     assert _md_row(cells, "cpu-timeout") == timeout_row
 
     routes = _md_section(md, "Resolved backends")
-    assert "| cell | " + " | ".join(OP_NAMES) + " |" in routes
-    assert _md_row(routes, "cpu-ok (cpu)") == "| cpu-ok (cpu) | " + " | ".join(["eager"] * len(OP_NAMES)) + " |"
+    assert "| cell | " + " | ".join(OP_NAMES) + " | not candidates |" in routes
+    # why each backend was never tried, once per backend though every op says it
+    assert _md_row(routes, "cpu-ok (cpu)") == (
+        "| cpu-ok (cpu) | "
+        + " | ".join(["eager"] * len(OP_NAMES))
+        + " | ascendc: auto tries it on npu only; GDN_COMPUTE_MODE=ascendc selects it; triton: auto tries it on "
+        "cuda, npu only; GDN_COMPUTE_MODE=triton selects it; fla: serves cuda, npu, not cpu; flashqla: serves "
+        "cuda, not cpu |"
+    )
     # the npu cell is shown on its npu, where ascendc was rejected and one op failed to resolve
     npu = _md_row(routes, "npu-fail (npu)")
     assert npu.startswith("| npu-fail (npu) | eager (ascendc rejected) | — | — | — | — | triton:bundled | error |")
-    assert _md_row(routes, "npu-absent (npu)") == "| npu-absent (npu) | " + " | ".join(["—"] * len(OP_NAMES)) + " |"
+    nothing = " | ".join(["—"] * (len(OP_NAMES) + 1))  # every op, and no backend passed over
+    assert _md_row(routes, "npu-absent (npu)") == f"| npu-absent (npu) | {nothing} |"
     assert _md_row(routes, "orphan (cpu) †").startswith("| orphan (cpu) † | eager |")
     assert "† the cell's accelerator was not visible" in routes
 
@@ -614,7 +656,7 @@ def test_markdown_caps_failures_and_escapes_pipes(report):
     cell["failures"] = [
         {"test": f"t::case{i}", "family": "single_op", "outcome": "failed", "message": "a | b"} for i in range(25)
     ]
-    md = report_mod.render_markdown(report)
+    md = report_markdown.render_markdown(typed(report))
     assert "- `t::case19` (failed): a \\| b" in md
     assert "t::case20" not in md
     assert "- … and 5 more (see report.json)" in md
@@ -625,24 +667,24 @@ def test_html_caps_failures(report):
     cell["failures"] = [
         {"test": f"t::case{i}", "family": "shape_grid", "outcome": "failed", "message": None} for i in range(205)
     ]
-    html = report_mod.render_html(report)
+    html = report_html.render_html(typed(report))
     assert "<code>t::case199</code>" in html
     assert "t::case200" not in html
     assert "… and 5 more in report.json" in html
 
 
 def test_bench_svg_skips_untimed_rows():
-    svg = report_mod.bench_svg(BENCH["rows"])
+    svg = report_html.bench_svg(BENCH["rows"])
     assert svg.count("<rect ") == 2
     assert "chunk_gated_delta_rule · eager · 1×4096×16×128" in svg
     assert "12.5 ms" in svg
-    assert report_mod.bench_svg([{"op": "x", "ms": None}]) is None
+    assert report_html.bench_svg([{"op": "x", "ms": None}]) is None
 
 
 def test_write_report_files(report, tmp_path):
-    paths = report_mod.write_report(report, tmp_path / "out")
+    paths = report_mod.write_report(typed(report), tmp_path / "out")
     assert json.loads(paths["json"].read_text()) == report
-    assert paths["md"].read_text() == report_mod.render_markdown(report)
+    assert paths["md"].read_text() == report_markdown.render_markdown(typed(report))
     html = paths["html"].read_text()
     # self-contained: nothing is fetched from anywhere
     assert "http" not in html
@@ -670,7 +712,7 @@ def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedPr
 
 def test_html_renders_in_headless_chromium(report, tmp_path):
     browser = chromium()
-    html = report_mod.write_report(report, tmp_path / "out")["html"]
+    html = report_mod.write_report(typed(report), tmp_path / "out")["html"]
     dom = _headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
     assert dom.returncode == 0, dom.stderr
     for cell in report["cells"]:
@@ -768,14 +810,18 @@ def honest(tmp_path: Path) -> dict[str, Any]:
             exit_code=0,
             pin_differences=[PinDifference(**d) for d in H200_DIFFERENCES],
         ),
-        {"manifest.json": H200_MANIFEST, "resolution.json": cuda_records},
+        {
+            "manifest.json": H200_MANIFEST,
+            "resolution.json": cuda_records,
+            "junit.xml": _junit(_case("test_x", "probe")),
+        },
     )
     _write_cell(
         root,
         CellOutcome(cell="cuda-broken", status="build_failed", device="cuda", runtime="docker", reason="pip failed"),
         {},
     )
-    return report_mod.build_report(root, parse_matrix(HONEST_MATRIX))
+    return report_build.build_report(root, parse_matrix(HONEST_MATRIX)).to_json()
 
 
 def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(honest):
@@ -783,7 +829,7 @@ def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(hon
     assert (cell["runtime"], cell["matrix_runtime"], cell["real_hardware"]) == ("host", "docker", True)
     assert cell["cards"] == ["NVIDIA H200", "NVIDIA H200"]
     assert cell["pin_differences"] == H200_DIFFERENCES
-    md = report_mod.render_markdown(honest)
+    md = report_markdown.render_markdown(typed(honest))
     assert _md_row(_md_section(md, "Cells"), "cuda-36") == (
         "| cuda-36 | ✅ passed | cuda | 2 × NVIDIA H200 | host (matrix.yaml: docker) | — | — | — |"
     )
@@ -791,7 +837,7 @@ def test_a_cell_run_outside_its_image_shows_runtime_card_and_pin_differences(hon
         "\n- **cuda-36** (runtime host (matrix.yaml: docker)): "
         "host torch 2.11.0+cu130, cell pins 2.13.0; host fla not installed, cell pins 0.6.0\n"
     )
-    html = report_mod.render_html(honest)
+    html = report_html.render_html(typed(honest))
     assert '<td class="warn">host (matrix.yaml: docker)</td>' in html
     assert "<td>2 × NVIDIA H200</td>" in html
     assert '<tr title="host torch 2.11.0+cu130, cell pins 2.13.0"><td>torch</td><td>2.13.0</td>' in html
@@ -805,10 +851,10 @@ def test_cells_that_did_not_run_are_not_checked_and_say_what_they_need(honest):
     assert _cell(honest, "cpu-here")["reason"] == (
         "no results: never run; needs only a Python environment with gdn installed"
     )
-    md = report_mod.render_markdown(honest)
+    md = report_markdown.render_markdown(typed(honest))
     assert "expectation not met" not in md
     assert "cuda-broken" not in _md_section(md, "Differences from the pins")
-    html = report_mod.render_html(honest)
+    html = report_html.render_html(typed(honest))
     section = html.split('id="cell-cuda-broken"', 1)[1].split("</section>", 1)[0]
     assert '<td class="s-not_run">not checked</td>' in section
     assert "real hardware" not in section and "not met" not in section
@@ -824,8 +870,54 @@ def test_the_cells_table_shows_the_lock_digest_of_an_image_cell(tmp_path):
         CellOutcome(cell="cpu-image", status="passed", device="cpu", runtime="docker", exit_code=0, lock=lock),
         {},
     )
-    report = report_mod.build_report(tmp_path, parse_matrix(HONEST_MATRIX))
+    report = report_build.build_report(tmp_path, parse_matrix(HONEST_MATRIX)).to_json()
     assert _cell(report, "cpu-image")["lock"] == lock
-    row = _md_row(_md_section(report_mod.render_markdown(report), "Cells"), "cpu-image")
+    row = _md_row(_md_section(report_markdown.render_markdown(typed(report)), "Cells"), "cpu-image")
     assert "| docker | 0123456789ab |" in row
-    assert f'<td title="{digest}">0123456789ab</td>' in report_mod.render_html(report)
+    assert f'<td title="{digest}">0123456789ab</td>' in report_html.render_html(typed(report))
+
+
+def test_each_state_reads_as_one_word_and_why_a_backend_was_not_tried_is_shown(report):
+    """A cell not run shows "not run" everywhere (torch_npu's MISSING stays in report.json's verdict),
+    and the resolution table says why the backends that were never candidates were not tried."""
+    html = report_html.render_html(typed(report))
+    assert _cell(report, "npu-absent")["verdict"] == "MISSING"
+    assert "MISSING" not in html and ">not_run<" not in html and ">build_failed<" not in html
+    assert '<span class="badge s-not_run">not run</span>' in html
+    assert "<th>not candidates</th>" in html
+    assert "fla: serves cuda, npu, not cpu" in html
+
+
+def test_unmarked_records_that_are_only_skips_get_no_family_column(report):
+    """Modules a cell cannot import are skipped at collection, before any marker is read: those records
+    are no family's tests. An unmarked test that ran is shown."""
+    cell = _cell(report, "cpu-ok")
+    cell["families"]["unmarked"] = {"passed": 0, "failed": 0, "error": 0, "skipped": 3, "total": 3}
+    assert "unmarked" not in report_parts.report_families(typed(report))
+    assert "| unmarked |" not in report_markdown.render_markdown(typed(report))
+    cell["families"]["unmarked"] = {"passed": 1, "failed": 0, "error": 0, "skipped": 3, "total": 4}
+    assert report_parts.report_families(typed(report))[-1] == "unmarked"
+
+
+def test_a_cpu_cell_that_ran_beside_a_gpu_is_shown_and_checked_on_the_gpu():
+    """The host cell on a GPU machine: its kernels ran on the GPU, where its expectations are read;
+    on a machine without one it stays a cpu cell."""
+    resolution = {"l2norm": {"cpu": {"backend": "eager"}, "cuda": {"backend": "triton", "route": "triton:bundled"}}}
+    assert report_build.primary_device("cpu", resolution) == "cuda"
+    assert report_build.primary_device("cpu", {"l2norm": {"cpu": {"backend": "triton"}}}) == "cpu"
+    cell = parse_matrix(
+        {
+            "schema": 1,
+            "cells": [
+                {
+                    "name": "local",
+                    "device": "cpu",
+                    "runtime": "host",
+                    "compute_mode": "triton",
+                    "expect": [{"op": "l2norm", "backend": "triton"}],
+                }
+            ],
+        }
+    ).cells[0]
+    entry = typed_cell({"name": "local", "device": "cpu", "status": "passed", "resolution": resolution})
+    assert report_build.expectations(cell, entry)[0].ok is True

@@ -646,6 +646,25 @@ def test_resolutions_are_json_serialisable():
     assert {"op", "device", "requested_mode", "backend", "route", "strict", "probe", "rejected"} <= set(rec)
 
 
+def test_a_record_says_why_each_backend_that_was_never_tried_was_not():
+    """Registered backends outside the candidates: not ranked for the device in auto, serving other
+    devices, or not the requested mode; none of them is loaded to say so."""
+    gdn.register_backend(Backend(name="gpuonly", ops={OP: _eager_chunk}, devices=("cuda",), auto_rank={"cuda": 0}))
+    gdn.register_backend(Backend(name="offrank", ops={OP: _eager_chunk}, auto_rank={"npu": 3}))
+    run_chunk()
+    passed_over = {r["backend"]: r["reason"] for r in record_of(OP)["not_candidates"]}
+    assert passed_over["gpuonly"] == "serves cuda, not cpu"
+    assert passed_over["offrank"] == "auto tries it on npu only; GDN_COMPUTE_MODE=offrank selects it"
+    assert passed_over["triton"] == "auto tries it on cuda, npu only; GDN_COMPUTE_MODE=triton selects it"
+    assert "eager" not in passed_over
+    resolver.reset()
+    gdn.set_compute_mode("eager")
+    run_chunk()
+    passed_over = {r["backend"]: r["reason"] for r in record_of(OP)["not_candidates"]}
+    assert set(passed_over) == set(resolver.backends()) - {"eager"}
+    assert set(passed_over.values()) == {"not requested: compute mode eager"}
+
+
 # ---------------------------------------------------------------------------------------------------
 # registry
 
@@ -923,6 +942,7 @@ def test_the_first_call_of_an_op_is_probed_in_its_own_class():
         "HV": 6,
         "K": 24,
         "V": 40,
+        "state_dtype": None,
         "l2norm": True,
         "initial_state": False,
         "final_state": False,

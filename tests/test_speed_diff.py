@@ -12,13 +12,18 @@ import pytest
 from gdn.matrix import diff as diff_mod
 from gdn.matrix import speed
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.report import render_html, render_markdown
+from gdn.matrix.report_html import render_html
+from gdn.matrix.report_markdown import render_markdown
+from report_models import diff_typed, typed, typed_cell
 
 pytestmark = pytest.mark.tooling
 
 CHUNK = "chunk_gated_delta_rule"
 BIG = {"B": 4, "T": 4096, "H": 16, "HV": 32, "K": 128, "V": 128}
 GROUP = "chunk_gated_delta_rule fwd+bwd (B=4 T=4096 H=16 HV=32 K=V=128)"
+# fla's kernel lines of the two stacks: its own Triton path, and its chunk op handed to FlashQLA
+OWN = "bfloat16: chunk -> triton, chunk_bwd_dqkwg -> triton"
+QLA = "bfloat16: chunk -> flash_qla"
 
 
 def row(backend: str, ms: float | None, *, impl: str | None = None, reason: str | None = None, fastest: float = 1.0):
@@ -38,11 +43,12 @@ def row(backend: str, ms: float | None, *, impl: str | None = None, reason: str 
 
 
 def fla(chunk: str) -> dict[str, Any]:
+    dqkwg = "triton" if chunk == "triton" else None  # fla's own chunk function dispatches its dqkwg
+    choices = {"chunk": chunk, "chunk_bwd_dqkwg": dqkwg, "hopper_guard_blocks": False, "error": None}
     return {
         "version": "0.6.0",
         "import_error": None,
-        "chunk": chunk,
-        "hopper_guard_blocks": False,
+        "calls": {"bfloat16": choices},
         "peer_packages": {"flash-qla": "0.1.3"} if chunk == "flash_qla" else {},
         "stand_in": None,
     }
@@ -94,7 +100,7 @@ NEW_BENCH = [
 
 
 def test_speed_table_is_fastest_first_with_ratios_and_reasons():
-    text = "\n".join(speed.markdown(report(cell(OLD_BENCH, "triton"))))
+    text = "\n".join(speed.markdown(typed(report(cell(OLD_BENCH, "triton")))))
     lines = [line for line in text.splitlines() if line.startswith(f"| {CHUNK}")]
     assert lines == [
         f"| {CHUNK} | B=4 T=4096 H=16 HV=32 K=V=128 | fwd+bwd | **triton** | triton | 3.710 | 1.00× | 1.50 | — | — |",
@@ -107,10 +113,10 @@ def test_speed_table_is_fastest_first_with_ratios_and_reasons():
 
 def test_report_shows_speed_and_peer_kernels_in_md_and_html():
     rendered = report(cell(NEW_BENCH, "flash_qla"))
-    markdown = render_markdown(rendered)
+    markdown = render_markdown(typed(rendered))
     assert "## Speed" in markdown and "## Peer kernels" in markdown
-    assert "| cuda-h200 | fla 0.6.0 | chunk -> flash_qla | flash-qla 0.1.3 |" in markdown
-    html = render_html(rendered)
+    assert f"| cuda-h200 | fla 0.6.0 | {QLA} | flash-qla 0.1.3 |" in markdown
+    html = render_html(typed(rendered))
     assert '<table class="speed">' in html
     assert '<tr class="fastest"><td>chunk_gated_delta_rule</td>' in html
     assert "<td>flashqla</td><td>flashqla:0.1.3</td><td>1.890</td><td>1.00×</td>" in html
@@ -119,22 +125,19 @@ def test_report_shows_speed_and_peer_kernels_in_md_and_html():
 def test_bench_rows_that_do_not_validate_are_problems():
     bad = [{**row("triton", 1.0), "pass": "sideways"}]
     assert speed.row_problems(bad)[0].startswith("bench.json row #0 is not a bench row")
-    assert speed.cell_rows({"bench": bad}) == []
+    assert speed.cell_rows(typed_cell({"name": "c", "status": "passed", "bench": bad})) == []
 
 
 def test_kernel_change_without_slowdown_is_reported_and_not_a_regression(tmp_path, capsys):
     old, new = report(cell(OLD_BENCH, "triton")), report(cell(NEW_BENCH, "flash_qla"))
-    diff = diff_mod.diff_reports(old, new)
+    diff = diff_typed(old, new)
     assert diff.regressions == []
     [change] = diff.kernel_changes
-    assert (change.peer, change.old, change.new, change.with_) == ("fla", "chunk -> triton", "chunk -> flash_qla", [])
+    assert (change.peer, change.old, change.new, change.with_) == ("fla", OWN, QLA, [])
     speed_change = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd: 4.24 → 1.91 ms (-55%)"
     assert change.speed == [speed_change]
     markdown = diff.to_markdown()
-    assert (
-        f"| cuda-h200 | fla | chunk -> triton | chunk -> flash_qla | {speed_change} | no slowdown, no resolution loss |"
-        in markdown
-    )
+    assert f"| cuda-h200 | fla | {OWN} | {QLA} | {speed_change} | no slowdown, no resolution loss |" in markdown
     assert f"- cuda-h200: fastest at {GROUP}: triton -> flashqla" in markdown
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     write_json(old_path, old)
@@ -146,18 +149,16 @@ def test_kernel_change_without_slowdown_is_reported_and_not_a_regression(tmp_pat
 def test_kernel_change_with_a_slowdown_is_a_regression():
     slower = copy.deepcopy(OLD_BENCH)
     slower[1]["ms"] = 5.0  # fla went from 4.24 to 5.0 ms (+18%) when its kernel changed
-    diff = diff_mod.diff_reports(report(cell(OLD_BENCH, "flash_qla")), report(cell(slower, "triton")))
+    diff = diff_typed(report(cell(OLD_BENCH, "flash_qla")), report(cell(slower, "triton")))
     label = f"{CHUNK} · fla · B=4, T=4096, H=16, HV=32, K=128, V=128 · fwd+bwd"
     assert diff.regressions == [
         f"cuda-h200: {label} slowed 18% (4.24 ms → 5 ms)",
-        f"cuda-h200: fla's kernel changed (chunk -> flash_qla → chunk -> triton) with {label} slowed 18%",
+        f"cuda-h200: fla's kernel changed ({QLA} → {OWN}) with {label} slowed 18%",
     ]
 
 
 def test_kernel_change_with_a_resolution_loss_is_a_regression():
-    diff = diff_mod.diff_reports(
-        report(cell(OLD_BENCH, "triton")), report(cell(OLD_BENCH, "flash_qla", backend="eager"))
-    )
+    diff = diff_typed(report(cell(OLD_BENCH, "triton")), report(cell(OLD_BENCH, "flash_qla", backend="eager")))
     assert any("fla's kernel changed" in r and "moved from triton:x to eager:x" in r for r in diff.regressions)
 
 
@@ -165,7 +166,7 @@ def test_slowdowns_are_per_pass():
     fwd = {**row("triton", 1.0), "pass": "fwd"}
     old = report(cell([fwd, row("triton", 3.0)], "triton"))
     new = report(cell([{**fwd, "ms": 1.5}, row("triton", 3.0)], "triton"))
-    [slow] = diff_mod.diff_reports(old, new).slowdowns
+    [slow] = diff_typed(old, new).slowdowns
     assert slow.label.endswith("· fwd") and slow.ratio == pytest.approx(0.5)
 
 
@@ -174,21 +175,21 @@ def test_pair_compares_two_differently_named_cells(tmp_path, capsys):
     as an upgrade (without --pair they are a cell removed and a cell added, nothing compared)."""
     old = report({**cell(OLD_BENCH, "triton"), "name": "cuda-triton36"})
     new = report({**cell(NEW_BENCH, "flash_qla"), "name": "cuda-flashqla"})
-    unpaired = diff_mod.diff_reports(old, new)
+    unpaired = diff_typed(old, new)
     assert unpaired.kernel_changes == [] and unpaired.cells_removed == ["cuda-triton36"]
-    paired = diff_mod.diff_reports(old, new, pairs=[("cuda-triton36", "cuda-flashqla")])
+    paired = diff_typed(old, new, pairs=[("cuda-triton36", "cuda-flashqla")])
     [change] = paired.kernel_changes
     assert (change.cell, change.old, change.new) == (
         "cuda-triton36 → cuda-flashqla",
-        "chunk -> triton",
-        "chunk -> flash_qla",
+        OWN,
+        QLA,
     )
     assert paired.regressions == [] and paired.cells_removed == paired.cells_added == []
     old_path, new_path = tmp_path / "old.json", tmp_path / "new.json"
     write_json(old_path, old)
     write_json(new_path, new)
     assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-flashqla"]) == 0
-    assert "| cuda-triton36 → cuda-flashqla | fla | chunk -> triton | chunk -> flash_qla |" in capsys.readouterr().out
+    assert f"| cuda-triton36 → cuda-flashqla | fla | {OWN} | {QLA} |" in capsys.readouterr().out
     assert diff_mod.main([str(old_path), str(new_path), "--pair", "cuda-triton36=cuda-triton39"]) == 2
     assert "the new report has no cell 'cuda-triton39'" in capsys.readouterr().err
     with pytest.raises(SystemExit):

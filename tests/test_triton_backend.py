@@ -42,7 +42,7 @@ def clean_state(monkeypatch):
 
 def fresh_backend():
     """A new instance, so that no earlier test's load (or failed load) is cached in it."""
-    backend = triton_backend.make_backend()
+    backend = triton_backend.TritonBackend()
     gdn.register_backend(backend, replace=True)
     return backend
 
@@ -117,12 +117,12 @@ def test_missing_triton_is_the_reason(monkeypatch):
 def test_the_active_triton_target_must_match_the_device(monkeypatch, installed, device, reason):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     monkeypatch.setattr(triton_backend, "flavour", lambda: installed)
-    assert triton_backend.make_backend().check(device) == reason
+    assert triton_backend.TritonBackend().check(device) == reason
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 def test_route_names_the_interpreter(monkeypatch):
-    backend = triton_backend.make_backend()
+    backend = triton_backend.TritonBackend()
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert backend.route_of("l2norm") == "triton:bundled(interpreter)"
     assert triton_backend.flavour().target is None

@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import math
 import re
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -392,20 +394,52 @@ def test_non_tensor_inputs(op, name, kind):
 
 
 @pytest.mark.parametrize("op", GDN_OPS)
-@pytest.mark.parametrize("scale", [-1.0, 0.0, 0, -3, math.nan, math.inf, -math.inf, 10**400])
+@pytest.mark.parametrize(
+    "scale",
+    [-1.0, 0.0, 0, -3, math.nan, math.inf, -math.inf, 10**400, np.float32(0.0), np.float16(np.inf), np.int8(-2)],
+)
 def test_bad_scale_value(op, scale):
-    with rejects(ValueError, "scale", "positive float (finite and > 0)"):
+    with rejects(ValueError, "scale", "positive real number (finite and > 0)"):
         run_gdn(op, make_gdn(), scale=scale)
 
 
 @pytest.mark.parametrize("op", GDN_OPS)
 @pytest.mark.parametrize(
     ("scale", "got"),
-    [("0.5", "str"), (True, "bool"), ([0.5], "list"), (torch.tensor(0.5), "torch.Tensor"), (np.float32(0.5), "numpy")],
+    [
+        ("0.5", "str"),
+        (True, "bool"),
+        (np.bool_(True), "numpy.bool"),
+        ([0.5], "list"),
+        (torch.tensor(0.5), "torch.Tensor"),
+        (np.array(0.5), "numpy.ndarray"),
+        (Decimal("0.5"), "decimal.Decimal"),
+    ],
 )
 def test_bad_scale_type(op, scale, got):
-    with rejects(TypeError, "scale", "None or a positive float", f"got {got}"):
+    with rejects(TypeError, "scale", "None or a positive real number", f"got {got}"):
         run_gdn(op, make_gdn(), scale=scale)
+
+
+REAL_SCALES = [np.float32(0.5), np.float16(0.5), np.float64(0.5), np.int64(2), 2, Fraction(1, 2)]
+
+
+@pytest.mark.parametrize("op", [*GDN_OPS, "fused_recurrent_gated_delta_rule_update"])
+@pytest.mark.parametrize("scale", REAL_SCALES, ids=lambda s: f"{type(s).__name__}({s})")
+def test_scale_takes_any_real_number_as_the_float_it_equals(op, scale):
+    """numpy scalars, ints and fractions are real numbers: the op computes with float(scale), converted
+    once at validation (a backend's call holds a Python float)."""
+    from gdn.calls import PREPARE
+
+    make = make_pool_call if op.endswith("_update") else make_gdn
+    got, want = make(), make()
+    with torch.no_grad():
+        out = getattr(ops, op)(**got, scale=scale)
+        ref = getattr(ops, op)(**want, scale=float(scale))
+    for a, b in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,), strict=True):
+        assert (a is None and b is None) or torch.equal(a, b)
+    call = PREPARE[op](**make(), scale=scale)
+    assert type(call.scale) is float and call.scale == float(scale)
 
 
 @pytest.mark.parametrize("op", GDN_OPS)
@@ -785,9 +819,9 @@ def test_l2norm_x():
         ops.l2norm(torch.randn(3, 0))
 
 
-@pytest.mark.parametrize("eps", [0, 0.0, -1e-6, math.nan, math.inf, 10**400])
+@pytest.mark.parametrize("eps", [0, 0.0, -1e-6, math.nan, math.inf, 10**400, np.float32(-1e-6)])
 def test_l2norm_eps_value(eps):
-    with rejects(ValueError, "eps", "a positive float (finite and > 0)"):
+    with rejects(ValueError, "eps", "a positive real number (finite and > 0)"):
         ops.l2norm(torch.randn(3, 4), eps=eps)
 
 
@@ -796,8 +830,13 @@ def test_l2norm_eps_value(eps):
     [("1e-6", "str"), (None, "NoneType"), (True, "bool"), (torch.tensor(1e-6), "torch.Tensor"), ([1e-6], "list")],
 )
 def test_l2norm_eps_type(eps, got):
-    with rejects(TypeError, "eps", "a positive float", f"got {got}"):
+    with rejects(TypeError, "eps", "a positive real number", f"got {got}"):
         ops.l2norm(torch.randn(3, 4), eps=eps)
+
+
+def test_l2norm_eps_takes_a_numpy_scalar():
+    x = torch.randn(3, 4)
+    assert torch.equal(ops.l2norm(x, eps=np.float32(0.25)), ops.l2norm(x, eps=float(np.float32(0.25))))
 
 
 def test_fused_gdn_gating_shapes():

@@ -19,7 +19,7 @@ _EXPORTS = {
     "fused_recurrent_gated_delta_rule_update": "gdn.ops",
     "l2norm": "gdn.ops",
     "GdnBackendError": "gdn.errors",
-    "PreparedPoolDecode": "gdn.prepared",
+    "PreparedPoolDecode": "gdn.ops",
     "compute_mode": "gdn.resolve",
     "modes": "gdn.resolve",
     "register_backend": "gdn.resolve",
@@ -48,6 +48,7 @@ __all__ = [
 if TYPE_CHECKING:
     from gdn.errors import GdnBackendError
     from gdn.ops import (
+        PreparedPoolDecode,
         causal_conv1d_fn,
         causal_conv1d_update,
         chunk_gated_delta_rule,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
         fused_recurrent_gated_delta_rule_update,
         l2norm,
     )
-    from gdn.prepared import PreparedPoolDecode
     from gdn.resolve import (
         compute_mode,
         modes,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import numbers
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -79,13 +80,26 @@ class deferred_value_checks:  # noqa: N801 (used as a function: `with deferred_v
             run_value_checks(self.pending, kernel_guards=False)
 
 
-def run_value_checks(pending: list[PendingCheck], *, kernel_guards: bool) -> None:
+def run_value_checks(
+    pending: list[PendingCheck], *, kernel_guards: bool, kernel_trusts: bool = False, serving: str = ""
+) -> None:
     """Run the collected value checks where they are needed: by default ("auto") only when the serving
     kernel does not guard the values itself (a kernel that does never touches memory out of range and
-    gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 never.
-    Never while a CUDA graph is being captured, where a host copy is illegal."""
+    gives the rows NaN instead); GDN_VALUE_CHECKS=1 always (clear errors while debugging), =0 only
+    where the kernel trusts the values (`kernel_trusts`: it would read or write out of range on a bad
+    one), elsewhere never (an implementation that reads the values on the host serves a bad row NaN).
+    Never while a CUDA graph is being captured, where a host copy is illegal: a kernel that trusts the
+    values is then refused (`serving` names the op and backend in the error)."""
     mode = value_check_mode()
-    if mode == "0" or (mode == "auto" and kernel_guards) or _capturing():
+    if _capturing():
+        if kernel_trusts and pending:
+            raise RuntimeError(
+                f"{serving}: its kernel does not check slot indices or offsets, and the host checks that "
+                "stand in for it cannot run while a CUDA graph is captured; capture this call on a backend "
+                "whose kernel checks them (triton), or run it outside the graph"
+            )
+        return
+    if not kernel_trusts and (mode == "0" or (mode == "auto" and kernel_guards)):
         return
     for check, args in pending:
         check(*args)
@@ -121,11 +135,13 @@ def remember_accepted(check: Checked) -> Checked:
     shapes, dtypes, devices and scalar values; a call whose arguments match those of a call already
     accepted gets that call's result without running them again (a decode step repeats one signature
     every token, and the checks cost more host time than the kernel's launch). The value checks still
-    run per call, on this call's tensors: the accepted call's are recorded and re-registered."""
+    run per call, on this call's tensors: the accepted call's are recorded and re-registered. `check`
+    takes the op's name and its bound arguments (gdn.op_specs.OpSpec.bind: one order per op)."""
     accepted: dict[tuple, tuple[Any, list[PendingCheck]]] = {}
 
     @functools.wraps(check)
-    def checked(*args: Any) -> Any:
+    def checked(op: str, arguments: Mapping[str, Any]) -> Any:
+        values = tuple(arguments.values())
         # what the metadata checks read of each argument, hashable; None for one they may read more of
         # (a tensor subclass, a FakeTensor's symbolic shape, a container), which is then checked in
         # full. One comprehension: a decode step computes this every token.
@@ -136,24 +152,25 @@ def remember_accepted(check: Checked) -> Checked:
                 else (type(a), a)
                 if type(a) in SCALARS
                 else None
-                for a in args
+                for a in values
             ]
         )
         if None in key:
-            return check(*args)
+            return check(op, arguments)
+        key = (op, key)
         hit = accepted.get(key)
         if hit is not None:
             result, recipes = hit
             for value_check, where in recipes:
-                _value_check(value_check, *(args[i] if i is not None else const for i, const in where))
+                _value_check(value_check, *(values[i] if i is not None else const for i, const in where))
             return result
         recorded: list[PendingCheck] = []
         token = _recording.set((*_recording.get(), recorded))
         try:
-            result = check(*args)
+            result = check(op, arguments)
         finally:
             _recording.reset(token)
-        recipes = [(fn, _positions(fn_args, args)) for fn, fn_args in recorded]
+        recipes = [(fn, _positions(fn_args, values)) for fn, fn_args in recorded]
         if all(where is not None for _, where in recipes):
             if len(accepted) >= ACCEPTED_LIMIT:
                 accepted.clear()
@@ -241,9 +258,11 @@ class Checker:
         if size < 1:
             self.fail(name, f"{what} >= 1", size)
 
-    def positive_float(self, name: str, value: object, expected: str) -> float:
-        """A real, finite, positive Python number (bool excluded); returned as float."""
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+    def positive_real(self, name: str, value: object, expected: str) -> float:
+        """A real, finite, positive number, returned as a Python float: any `numbers.Real` (int, float,
+        a numpy scalar, a Fraction), bool excluded. A tensor is refused, 0-d too: its value would be
+        read on the host (a device-to-host sync) or be unknown while torch.compile traces."""
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(name, expected, _type_name(value), TypeError)
         try:
             as_float = float(value)
@@ -254,9 +273,10 @@ class Checker:
         return as_float
 
     def scale(self, scale: object, head_dim: int) -> float:
-        if scale is None:
-            return head_dim**-0.5
-        return self.positive_float("scale", scale, "None or a positive float")
+        return head_dim**-0.5 if scale is None else self.given_scale(scale)
+
+    def given_scale(self, scale: object) -> float:
+        return self.positive_real("scale", scale, "None or a positive real number")
 
     def activation(self, activation: object) -> None:
         # Compare strings only: `in` on the tuple would call __eq__ of arbitrary objects (an array's is
@@ -281,16 +301,9 @@ class Checker:
             _value_check(self._offset_values, name, offsets, total, count_name)
 
     def _offset_values(self, name: str, offsets: torch.Tensor, total: int, count_name: str) -> None:
-        values = offsets.tolist()
-        if values[0] != 0:
-            self.fail(name, "first entry 0", values[0])
-        if values[-1] != total:
-            self.fail(name, f"last entry {total} (= {count_name}, the number of tokens)", values[-1])
-        for i in range(1, len(values)):
-            if values[i] < values[i - 1]:
-                self.fail(
-                    name, "non-decreasing offsets", f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
-                )
+        fault = first_offset_fault(name, offsets.tolist(), total, count_name)
+        if fault is not None:
+            self.fail(name, *fault)
 
     def slot_indices(self, name: str, indices: torch.Tensor, rows: int, pool_name: str, pool_slots: int) -> None:
         """Pool slot indices: 1-D integer [rows]; -1 skips a row; live entries in range and unique."""
@@ -301,19 +314,58 @@ class Checker:
             _value_check(self._slot_values, name, indices, pool_name, pool_slots)
 
     def _slot_values(self, name: str, indices: torch.Tensor, pool_name: str, pool_slots: int) -> None:
-        seen: dict[int, int] = {}
-        for row, slot in enumerate(indices.tolist()):
-            if slot == -1:
-                continue
-            if not 0 <= slot < pool_slots:
-                self.fail(name, f"slots in [0, {pool_slots}) of '{pool_name}' or -1 (skip)", f"{name}[{row}] = {slot}")
-            if slot in seen:
-                self.fail(
-                    name,
-                    "distinct live slots (two rows would write one pool slot)",
-                    f"{name}[{seen[slot]}] = {name}[{row}] = {slot}",
-                )
+        faults = slot_faults(indices.tolist(), pool_slots)
+        if not faults:
+            return
+        fault = faults[0]
+        if fault.earlier is None:
+            self.fail(
+                name, f"slots in [0, {pool_slots}) of '{pool_name}' or -1 (skip)", f"{name}[{fault.row}] = {fault.slot}"
+            )
+        self.fail(
+            name,
+            "distinct live slots (two rows would write one pool slot)",
+            f"{name}[{fault.earlier}] = {name}[{fault.row}] = {fault.slot}",
+        )
+
+
+def first_offset_fault(name: str, values: list[int], total: int, count_name: str = "T") -> tuple[str, str] | None:
+    """What is wrong with offsets `values` (cu_seqlens, query_start_loc) of `total` tokens, as (expected,
+    got), or None: they start at 0, end at `total` and never decrease."""
+    if values[0] != 0:
+        return "first entry 0", str(values[0])
+    if values[-1] != total:
+        return f"last entry {total} (= {count_name}, the number of tokens)", str(values[-1])
+    for i in range(1, len(values)):
+        if values[i] < values[i - 1]:
+            return "non-decreasing offsets", f"{name}[{i}] = {values[i]} < {name}[{i - 1}] = {values[i - 1]}"
+    return None
+
+
+@dataclass(frozen=True)
+class SlotFault:
+    """A pool slot index that a pooled op cannot serve: out of [-1, slots), or a live slot that an
+    earlier row names too (`earlier`: that row; two rows would write one slot, so neither is served)."""
+
+    row: int
+    slot: int
+    earlier: int | None = None
+
+
+def slot_faults(slots: list[int], pool_slots: int) -> list[SlotFault]:
+    """The faults of one call's slot indices (-1 skips a row), in row order."""
+    faults: list[SlotFault] = []
+    seen: dict[int, int] = {}
+    for row, slot in enumerate(slots):
+        if slot == -1:
+            continue
+        if not 0 <= slot < pool_slots:
+            faults.append(SlotFault(row, slot))
+        elif slot in seen:
+            faults.append(SlotFault(row, slot, seen[slot]))
+        else:
             seen[slot] = row
+    return faults
 
 
 @dataclass(frozen=True)
@@ -328,23 +380,16 @@ class GdnShapes:
 
 
 @remember_accepted
-def check_gdn_inputs(
-    op: str,
-    q,
-    k,
-    v,
-    g,
-    beta,
-    scale,
-    initial_state,
-    cu_seqlens,
-    use_qk_l2norm_in_kernel,
-    head_first,
-    state_v_first=False,
-) -> tuple[GdnShapes, float]:
-    """The shared contract of the chunk and recurrent GDN ops (FLA layout). The initial state is
-    [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
+def check_gdn_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, float]:
+    """The shared contract of the chunk and recurrent GDN ops (FLA layout), and the token part of the
+    pool decode's (which has no initial_state or head_first). The initial state is [N, HV, K, V], or
+    [N, HV, V, K] with state_v_first."""
+    q, k, v, g, beta = (arguments[n] for n in ("q", "k", "v", "g", "beta"))
+    scale, cu_seqlens, state_v_first = arguments["scale"], arguments["cu_seqlens"], arguments["state_v_first"]
+    initial_state = arguments.get("initial_state")
+    use_qk_l2norm_in_kernel = arguments["use_qk_l2norm_in_kernel"]
     c = Checker(op)
+    head_first = arguments.get("head_first", False)
     c.head_first(head_first)
     c.flag("state_v_first", state_v_first)
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
@@ -398,17 +443,15 @@ def check_gdn_inputs(
 
 
 @remember_accepted
-def check_pool_decode_inputs(
-    op: str, q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel, state_v_first=False
-) -> tuple[GdnShapes, float]:
+def check_pool_decode_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, float]:
     """The pool decode contract: ssm_pool [max_slots, HV, K, V], or [max_slots, HV, V, K] with
     state_v_first."""
+    q, ssm_pool, ssm_indices = arguments["q"], arguments["ssm_pool"], arguments["ssm_indices"]
+    state_v_first = arguments["state_v_first"]
     c = Checker(op)
     c.tensor("ssm_pool", ssm_pool)
     c.tensor("ssm_indices", ssm_indices)
-    shapes, scale = check_gdn_inputs(
-        op, q, k, v, g, beta, scale, None, cu_seqlens, use_qk_l2norm_in_kernel, False, state_v_first
-    )
+    shapes, scale = check_gdn_inputs(op, arguments)
     c.same_device({"q": q, "ssm_pool": ssm_pool, "ssm_indices": ssm_indices})
     layout = "[max_slots, HV, V, K] (state_v_first)" if state_v_first else "[max_slots, HV, K, V]"
     c.ndim("ssm_pool", ssm_pool, 4, layout)
@@ -437,20 +480,13 @@ def check_conv_weight(c: Checker, x, weight, bias, dim: int) -> int:
 
 
 @remember_accepted
-def check_conv_fn_inputs(
-    x,
-    weight,
-    bias,
-    activation,
-    seq_idx,
-    initial_states,
-    return_final_states,
-    query_start_loc,
-    conv_states,
-    cache_indices,
-    has_initial_state,
-) -> None:
-    c = Checker("causal_conv1d_fn")
+def check_conv_fn_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, weight, bias, activation = (arguments[n] for n in ("x", "weight", "bias", "activation"))
+    seq_idx, initial_states = arguments["seq_idx"], arguments["initial_states"]
+    return_final_states, query_start_loc = arguments["return_final_states"], arguments["query_start_loc"]
+    conv_states, cache_indices = arguments["conv_states"], arguments["cache_indices"]
+    has_initial_state = arguments["has_initial_state"]
+    c = Checker(op)
     c.tensor("x", x)
     c.activation(activation)
     c.flag("return_final_states", return_final_states)
@@ -530,8 +566,10 @@ def check_conv_fn_inputs(
 
 
 @remember_accepted
-def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state_indices) -> None:
-    c = Checker("causal_conv1d_update")
+def check_conv_update_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, conv_state, weight, bias = (arguments[n] for n in ("x", "conv_state", "weight", "bias"))
+    activation, conv_state_indices = arguments["activation"], arguments["conv_state_indices"]
+    c = Checker(op)
     c.tensor("x", x)
     c.tensor("conv_state", conv_state)
     c.tensor("conv_state_indices", conv_state_indices, optional=True)
@@ -565,18 +603,20 @@ def check_conv_update_inputs(x, conv_state, weight, bias, activation, conv_state
 
 
 @remember_accepted
-def check_l2norm_inputs(x, eps) -> None:
-    c = Checker("l2norm")
+def check_l2norm_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    x, eps = arguments["x"], arguments["eps"]
+    c = Checker(op)
     c.tensor("x", x)
     c.float_dtype("x", x)
     if x.ndim < 1 or x.shape[-1] < 1:
         c.fail("x", "a tensor with a last dimension of size >= 1", f"shape {_shape(x)}")
-    c.positive_float("eps", eps, "a positive float")
+    c.positive_real("eps", eps, "a positive real number")
 
 
 @remember_accepted
-def check_gating_inputs(A_log, a, b, dt_bias) -> None:
-    c = Checker("fused_gdn_gating")
+def check_gating_inputs(op: str, arguments: Mapping[str, Any]) -> None:
+    A_log, a, b, dt_bias = (arguments[n] for n in ("A_log", "a", "b", "dt_bias"))
+    c = Checker(op)
     for name, t in (("A_log", A_log), ("a", a), ("b", b), ("dt_bias", dt_bias)):
         c.tensor(name, t)
         c.float_dtype(name, t)

@@ -1,163 +1,43 @@
-"""One op call as it runs outside a compiled graph: validate (gdn.calls), take the backend gdn.resolve
-chose for (op, device), run the value checks its kernel does not guard, call it.
-
-A decode step repeats one call's metadata every token. For an op whose serving implementation offers a
-prepared step (`fn.prepare(call)`: the triton pool update), a call whose tensors match an earlier
-validated call's in type, shape, dtype, device and strides, with the same options, under the same
-decision of the resolver (the same object) and value-check mode, goes straight to that call's prepared
-step: no validation, resolution or launch set-up again (on an H200's host those cost about as much as
-the kernel's own launch). Only where the step's kernel checks the values itself (the pool indices), the
-checks are not asked for on the host (GDN_VALUE_CHECKS=1), and no gradient is wanted; anything else
-takes the full path."""
+"""One op call's full path outside a compiled graph: validate (gdn.calls), take the backend gdn.resolve
+chose for (op, device) and that serves this call, run the value checks its kernel does not guard.
+gdn.prepared remembers the outcome for the calls that repeat one's metadata."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from gdn import _validate as check
 from gdn.calls import PREPARE, Call
-from gdn.resolve import Resolution, decided, for_call, guards_values, last_route, record_route, resolve
-from gdn.tensor_metadata import SameMetadata, metadata
-
-# the ops that may have a prepared step, and how many leading positional arguments are its tensors
-# (a call that passes one of them by keyword takes the full path)
-STEP_TENSORS = {"fused_recurrent_gated_delta_rule_update": 7}  # q, k, v, g, beta, ssm_pool, ssm_indices
-# a step's other arguments (options) must be plain values: a tensor among them (cu_seqlens) is bound
-# into the launch, so such a call takes the full path
-_OPTION_TYPES = (bool, int, float, type(None))
-MAX_STEPS = 64
+from gdn.resolve import Resolution, guards_values, resolve, trusts_values
 
 
-@dataclass(frozen=True)
-class _Step:
-    """A prepared step (None where the call has none) and what a call must repeat to take it: its
-    tensors' metadata, its options (values and types: validation tells a flag from the integer 1), the
-    value-check mode and the resolver's decision (held, so its identity is not reused while the step
-    lives)."""
+@dataclass(slots=True)
+class Served:
+    """A validated call, the backend that serves it, its implementation and the resolution it came from."""
 
-    same: SameMetadata
-    options: tuple
-    mode: str
+    call: Call
+    backend: str
+    fn: Callable
     resolution: Resolution
-    route: str | None
-    run: Callable | None
-    device_type: str  # the tensors' (same() checks the device): reading a tensor's device costs a µs
+
+    def run(self) -> Any:
+        """The implementation's result for the call, as the public op returns it."""
+        return self.call.public_result(self.fn(self.call))
 
 
-# _step_key -> the step of calls with that key
-_steps: dict[tuple, _Step] = {}
-# op -> its latest step taken or stored: a serving loop repeats one call's metadata on every layer and
-# token, and checking a call against it (SameMetadata) costs less than building and hashing its key
-_latest: dict[str, _Step] = {}
-_steps_lock = threading.Lock()  # for the writers; a hit reads without it
-
-
-def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> tuple[Call, str, Callable]:
+def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> Served:
     """Everything before the kernel: the validated call, the backend that serves it and its
     implementation, the value checks run where that backend's kernel does not guard the values."""
     with check.deferred_value_checks() as value_checks:
         call = PREPARE[name](*args, **kwargs)
-    backend, fn = for_call(resolve(name, call.device, call), call)
-    check.run_value_checks(value_checks, kernel_guards=guards_values(backend, name))
-    return call, backend, fn
-
-
-def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-    width = STEP_TENSORS.get(name)
-    if width is not None and len(args) >= width:
-        tensors = args[:width]
-        step = _latest.get(name)
-        if step is None or not _repeats(step, name, tensors, args[width:], kwargs):
-            key = _step_key(name, args, width, kwargs)
-            if key is None:
-                step = None
-            else:
-                step = _steps.get(key)
-                if step is None:
-                    return _prepare_step(name, key, args, kwargs)
-                _latest[name] = step
-        # a stored step's metadata is of tensors (a call whose arguments are not tensors fails validation
-        # before any step is stored)
-        if (
-            step is not None
-            and step.run is not None
-            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-        ):
-            record_route(step.route)
-            return step.run(*tensors)
-    call, _, fn = serve(name, args, kwargs)
-    return call.public_result(fn(call))
-
-
-def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
-    """A call's options as a step holds them: types, then values (a comparison meets a value only where
-    the types agree: no tensor is compared with a number), positional then by keyword."""
-    return (tuple(map(type, options)), tuple(map(type, kwargs.values())), options, tuple(kwargs.items()))
-
-
-def _repeats(step: _Step, name: str, tensors: tuple, options: tuple, kwargs: dict[str, Any]) -> bool:
-    """Whether a call takes `step`: the same metadata, options, value-check mode and decision."""
-    return (
-        step.same(*tensors)
-        and _options(options, kwargs) == step.options
-        and check.value_check_mode() == step.mode
-        and decided(name, step.device_type) is step.resolution
+    resolution = resolve(name, call.device, call)
+    backend, fn = resolution.serve(call)
+    check.run_value_checks(
+        value_checks,
+        kernel_guards=guards_values(backend, name),
+        kernel_trusts=trusts_values(backend, name),
+        serving=f"{name} on backend '{backend}'",
     )
-
-
-def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tuple | None:
-    """The call's metadata, options, value-check mode and the resolver's decision (by identity: a
-    decision made again after a reset, a registration or under another mode is another object; a step
-    holds its decision, so the identity is not reused while the step lives); None for a call that cannot
-    take a prepared step, or before the op is resolved (the first call resolves it in its own class,
-    gdn.resolve)."""
-    options = args[width:]
-    for value in options:
-        if type(value) not in _OPTION_TYPES:
-            return None
-    for value in kwargs.values():
-        if type(value) not in _OPTION_TYPES:
-            return None
-    first = args[0]
-    resolution = decided(name, first.device.type) if isinstance(first, torch.Tensor) else None
-    if resolution is None:
-        return None
-    tensors = metadata(args[:width])
-    return (name, tensors, _options(options, kwargs), check.value_check_mode(), id(resolution))
-
-
-def prepared_step(name: str, call: Call, backend: str, fn: Callable) -> Callable | None:
-    """The serving implementation's prepared step for a validated call, where it offers one and its
-    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
-    prepare = getattr(fn, "prepare", None)
-    if prepare is None or not guards_values(backend, name) or check.value_check_mode() == "1":
-        return None
-    return prepare(call)
-
-
-def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """The full path for a call, remembering its prepared step (or that it has none) for the calls
-    that repeat its metadata."""
-    call, backend, fn = serve(name, args, kwargs)
-    resolution = decided(name, call.device.type)
-    if id(resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
-        step = _Step(
-            SameMetadata(args[: STEP_TENSORS[name]]),
-            key[2],
-            key[3],
-            resolution,
-            last_route(),
-            prepared_step(name, call, backend, fn),
-            call.device.type,
-        )
-        with _steps_lock:
-            if len(_steps) >= MAX_STEPS:
-                del _steps[next(iter(_steps))]  # the oldest
-            _steps[key] = step
-            _latest[name] = step
-    return call.public_result(fn(call))
+    return Served(call, backend, fn, resolution)

@@ -2,7 +2,7 @@
 
 Inside a compiled region the public ops call these instead of running the resolver and the backend
 in Python: Dynamo sees one opaque op per call, so a training or decode step compiles without graph
-breaks, and the backend is chosen when the op runs (gdn.dispatch: once per op, device and mode,
+breaks, and the backend is chosen when the op runs (gdn.resolve: once per op, device and mode,
 recorded as outside a graph). Each op has a fake implementation (validation on the tensors' metadata,
 then the outputs' shapes and dtypes) and, where it is differentiable, a registered autograd whose
 backward is a custom op too: it recomputes the forward with the serving backend under autograd and
@@ -15,47 +15,37 @@ state without output_final_state) come back as empty tensors and become None in 
 from __future__ import annotations
 
 import contextlib
-import inspect
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from gdn import _validate as check
-from gdn.calls import PREPARE, positional_names
-from gdn.dispatch import STEP_TENSORS, run_op
+from gdn.calls import PREPARE
+from gdn.op_specs import SPECS, CustomOp, OpSpec, Output
+from gdn.prepared import run_op
 
 NAMESPACE = "gdn"
-
-GDN_ARGS = (
-    ("q", "Tensor"),
-    ("k", "Tensor"),
-    ("v", "Tensor"),
-    ("g", "Tensor"),
-    ("beta", "Tensor"),
-    ("scale", "float?"),
-    ("initial_state", "Tensor?"),
-    ("output_final_state", "bool"),
-    ("cu_seqlens", "Tensor?"),
-    ("use_qk_l2norm_in_kernel", "bool"),
-    ("state_v_first", "bool"),
-)
-GDN_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
 
 
 @dataclass(frozen=True)
 class LibraryOp:
-    """One custom op: its arguments (name, schema type; `Tensor(a!)` marks a pool written in place),
-    how many tensors it returns, the arguments that get gradients (none: inference only), and how the
-    public op's result maps to the custom op's outputs and back."""
+    """One custom op, as its op's spec (gdn.op_specs) declares it: its arguments (name, schema type;
+    `Tensor(a!)` marks a pool written in place), its outputs, the arguments that get gradients (none:
+    inference only), and the public op it serves."""
 
     name: str
     public: str
     args: tuple[tuple[str, str], ...]
-    outputs: int
+    outputs: tuple[Output, ...]
     grads: tuple[str, ...] = ()
-    fake: Callable[[dict[str, Any]], tuple[torch.Tensor, ...]] | None = None
+
+    @classmethod
+    def of(cls, spec: OpSpec, form: CustomOp) -> LibraryOp:
+        args = tuple((name, spec.schema_type(name, form)) for name in form.args)
+        return cls(form.name, spec.name, args, form.outputs, form.grads)
 
     @property
     def names(self) -> list[str]:
@@ -67,7 +57,8 @@ class LibraryOp:
 
     def schema(self) -> str:
         args = ", ".join(f"{kind} {name}" for name, kind in self.args)
-        returns = "Tensor" if self.outputs == 1 else "(" + ", ".join(["Tensor"] * self.outputs) + ")"
+        count = len(self.outputs)
+        returns = "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
         return f"({args}) -> {returns}"
 
     def backward_schema(self) -> str:
@@ -101,137 +92,51 @@ def _validated(op: str, values: dict[str, Any]):
         return PREPARE[op](**values)
 
 
-def _gdn_fake(op: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor, ...]]:
-    def fake(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        shapes = _validated(op, values).shapes
-        v = values["v"]
-        o = v.new_empty(shapes.B, shapes.T, shapes.HV, shapes.V)
-        if not values["output_final_state"]:
-            return o, _empty(v)
-        inner = (shapes.V, shapes.K) if values["state_v_first"] else (shapes.K, shapes.V)
-        return o, v.new_empty(shapes.N, shapes.HV, *inner, dtype=torch.float32)
-
-    return fake
-
-
-def _like_first(op: str, name: str) -> Callable[[dict[str, Any]], tuple[torch.Tensor, ...]]:
-    def fake(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-        _validated(op, values)
-        return (torch.empty_like(values[name], memory_format=torch.contiguous_format),)
-
-    return fake
+def _fake(op: LibraryOp, values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    """The outputs' shapes and dtypes after validation: each like the input its spec names, in the dtype
+    it names; an output the call does not ask for is empty; a final state is shaped from the call."""
+    call = _validated(op.public, values)
+    first = values[op.outputs[0].like]
+    outputs = []
+    for output in op.outputs:
+        if output.asked_by is not None and not values[output.asked_by]:
+            outputs.append(_empty(first))
+        elif output.like is None:
+            outputs.append(_FINAL_STATES[output.name](call, values))
+        else:
+            dtype = None if output.dtype is None else getattr(torch, output.dtype)
+            outputs.append(torch.empty_like(values[output.like], dtype=dtype, memory_format=torch.contiguous_format))
+    return tuple(outputs)
 
 
-def _conv_fake(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    _validated("causal_conv1d_fn", values)
+def _gdn_final_state(call, values: dict[str, Any]) -> torch.Tensor:
+    shapes = call.shapes
+    inner = (shapes.V, shapes.K) if values["state_v_first"] else (shapes.K, shapes.V)
+    return values["v"].new_empty(shapes.N, shapes.HV, *inner, dtype=torch.float32)
+
+
+def _conv_final_states(call, values: dict[str, Any]) -> torch.Tensor:
     x, weight = values["x"], values["weight"]
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    if not values["return_final_states"]:
-        return out, _empty(x)
-    return out, x.new_empty(x.shape[0], x.shape[1], weight.shape[1] - 1)
+    return x.new_empty(x.shape[0], x.shape[1], weight.shape[1] - 1)
 
 
-def _gating_fake(values: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    _validated("fused_gdn_gating", values)
-    a, b = values["a"], values["b"]
-    return a.new_empty(a.shape, dtype=torch.float32), b.new_empty(b.shape)
+# the outputs whose shape follows from the validated call, by the name their spec gives them
+_FINAL_STATES = {"final_state": _gdn_final_state, "final_states": _conv_final_states}
 
-
-OPS = (
-    LibraryOp(
-        "chunk_gated_delta_rule", "chunk_gated_delta_rule", GDN_ARGS, 2, GDN_GRADS, _gdn_fake("chunk_gated_delta_rule")
-    ),
-    LibraryOp(
-        "fused_recurrent_gated_delta_rule",
-        "fused_recurrent_gated_delta_rule",
-        GDN_ARGS,
-        2,
-        GDN_GRADS,
-        _gdn_fake("fused_recurrent_gated_delta_rule"),
-    ),
-    LibraryOp(
-        "fused_recurrent_gated_delta_rule_update",
-        "fused_recurrent_gated_delta_rule_update",
-        (
-            *GDN_ARGS[:5],
-            ("ssm_pool", "Tensor(a!)"),
-            ("ssm_indices", "Tensor"),
-            ("scale", "float?"),
-            ("cu_seqlens", "Tensor?"),
-            ("use_qk_l2norm_in_kernel", "bool"),
-            ("state_v_first", "bool"),
-        ),
-        1,
-        fake=_like_first("fused_recurrent_gated_delta_rule_update", "v"),
-    ),
-    LibraryOp(
-        "causal_conv1d_fn",
-        "causal_conv1d_fn",
-        (
-            ("x", "Tensor"),
-            ("weight", "Tensor"),
-            ("bias", "Tensor?"),
-            ("activation", "str?"),
-            ("seq_idx", "Tensor?"),
-            ("initial_states", "Tensor?"),
-            ("return_final_states", "bool"),
-        ),
-        2,
-        ("x", "weight", "bias", "initial_states"),
-        _conv_fake,
-    ),
-    # the varlen form writes its conv-state pool: an inference op of its own (no autograd with a mutation)
-    LibraryOp(
-        "causal_conv1d_fn_varlen",
-        "causal_conv1d_fn",
-        (
-            ("x", "Tensor"),
-            ("weight", "Tensor"),
-            ("bias", "Tensor?"),
-            ("activation", "str?"),
-            ("query_start_loc", "Tensor"),
-            ("conv_states", "Tensor(a!)?"),
-            ("cache_indices", "Tensor?"),
-            ("has_initial_state", "Tensor?"),
-        ),
-        1,
-        fake=_like_first("causal_conv1d_fn", "x"),
-    ),
-    LibraryOp(
-        "causal_conv1d_update",
-        "causal_conv1d_update",
-        (
-            ("x", "Tensor"),
-            ("conv_state", "Tensor(a!)"),
-            ("weight", "Tensor"),
-            ("bias", "Tensor?"),
-            ("activation", "str?"),
-            ("conv_state_indices", "Tensor?"),
-        ),
-        1,
-        fake=_like_first("causal_conv1d_update", "x"),
-    ),
-    LibraryOp("l2norm", "l2norm", (("x", "Tensor"), ("eps", "float")), 1, ("x",), _like_first("l2norm", "x")),
-    LibraryOp(
-        "fused_gdn_gating",
-        "fused_gdn_gating",
-        (("A_log", "Tensor"), ("a", "Tensor"), ("b", "Tensor"), ("dt_bias", "Tensor")),
-        2,
-        ("A_log", "a", "b", "dt_bias"),
-        _gating_fake,
-    ),
-)
+OPS = tuple(LibraryOp.of(spec, form) for spec in SPECS for form in spec.custom_ops)
 BY_NAME = {op.name: op for op in OPS}
+_SPECS = {spec.name: spec for spec in SPECS}
 
 
 def _forward(op: LibraryOp) -> Callable:
     # the leading tensors of an op with prepared steps go by position, the way its steps take them
-    # (gdn.dispatch), so that a compiled decode loop's calls run the prepared step as eager ones do
-    width = STEP_TENSORS.get(op.public, 0)
+    # (gdn.prepared), so that a compiled decode loop's calls run the prepared step as eager ones do
+    width = _SPECS[op.public].step_tensors
+    count = len(op.outputs)
 
     def impl(*args):
         options = dict(zip(op.names[width:], args[width:], strict=True))
-        return _as_outputs(run_op(op.public, args[:width], options), op.outputs)
+        return _as_outputs(run_op(op.public, args[:width], options), count)
 
     return impl
 
@@ -242,8 +147,8 @@ def _backward(op: LibraryOp) -> Callable:
         values = dict(zip(op.names, inputs, strict=True))
         leaves = {n: values[n].detach().requires_grad_() for n in op.grads if values[n] is not None}
         with _autograd_inside_an_op():
-            outputs = _as_outputs(run_op(op.public, (), {**values, **leaves}), op.outputs)
-        outputs = (outputs,) if op.outputs == 1 else outputs
+            outputs = _as_outputs(run_op(op.public, (), {**values, **leaves}), len(op.outputs))
+        outputs = (outputs,) if len(op.outputs) == 1 else outputs
         pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if g.numel() and o.requires_grad]
         with _autograd_inside_an_op():
             found = torch.autograd.grad(
@@ -340,66 +245,55 @@ def _register(op: LibraryOp):
 
 
 def _fake_outputs(op: LibraryOp, args: tuple) -> Any:
-    outputs = op.fake(dict(zip(op.names, args, strict=True)))
-    return outputs if op.outputs > 1 else outputs[0]
+    outputs = _fake(op, dict(zip(op.names, args, strict=True)))
+    return outputs if len(outputs) > 1 else outputs[0]
 
 
 CUSTOM = {op.name: _register(op) for op in OPS}
 
 
-@dataclass(frozen=True)
-class Binding:
-    """How a public op's arguments map onto its custom op: the positional names and every default of
-    the public signature, plus the public arguments the custom op has no place for (peer features gdn
-    refuses unless they hold their defaults)."""
-
-    positional: tuple[str, ...]
-    names: frozenset[str]
-    defaults: dict[str, Any]
-    extras: tuple[str, ...]
-
-
-def _binding(public: str, ops: Sequence[LibraryOp]) -> Binding:
-    parameters = inspect.signature(PREPARE[public]).parameters.values()
-    covered = {name for op in ops for name in op.names}
-    return Binding(
-        positional=tuple(positional_names(PREPARE[public])),
-        names=frozenset(p.name for p in parameters),
-        defaults={p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty},
-        extras=tuple(p.name for p in parameters if p.name not in covered),
-    )
-
-
-BINDINGS = {public: _binding(public, [op for op in OPS if op.public == public]) for public in PREPARE}
-
-
 def call(public: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The public op `public` through its custom op, as a compiled region runs it. A call that sets an
-    argument the custom op does not carry (a refused peer feature) or that is malformed is validated
-    like outside a graph, which raises the op's own error."""
-    binding = BINDINGS[public]
-    values = dict(binding.defaults)
-    values.update(zip(binding.positional, args, strict=False))  # fewer positionals than names: the rest by keyword
-    values.update(kwargs)
-    malformed = len(args) > len(binding.positional) or not binding.names.issuperset(kwargs)
-    if malformed or any(values.get(n) is not binding.defaults.get(n) for n in binding.extras):
+    argument no custom op carries (a refused peer feature) is validated like outside a graph, which
+    raises the op's own error."""
+    spec = _SPECS[public]
+    values = spec.bind(args, kwargs)
+    if any(values[a.name] is not a.default for a in spec.args if not a.carried):
         PREPARE[public](*args, **kwargs)
-    op = _library_op(public, values)
+    scale = values.get("scale")
+    if scale is not None and type(scale) is not float:
+        values["scale"] = _given_scale(public, scale)
+    op = _library_op(spec, values)
     outputs = CUSTOM[op.name](*(values[n] for n in op.names))
     return _public_result(op, values, outputs)
 
 
-def _library_op(public: str, values: dict[str, Any]) -> LibraryOp:
-    if public == "causal_conv1d_fn" and values.get("query_start_loc") is not None:
-        return BY_NAME["causal_conv1d_fn_varlen"]
-    return BY_NAME[public]
+def _given_scale(public: str, scale: object) -> float:
+    """A scale other than a float, validated as outside a graph, as the float the schema takes. Dynamo
+    first traces a numpy scalar as a 0-d array of data: float() of it is data-dependent, and Dynamo
+    traces again with the scalar as a constant (one graph, specialized on the value). Under
+    fullgraph=True it cannot, and reports the data-dependent value: pass a Python float there."""
+    if isinstance(scale, np.ndarray):
+        scale = float(scale)
+    return check.Checker(public).given_scale(scale)
+
+
+def _library_op(spec: OpSpec, values: dict[str, Any]) -> LibraryOp:
+    """The custom op that serves a call: a later form where the argument that selects it is given."""
+    form = next((f for f in spec.custom_ops[1:] if values[f.selected_by] is not None), spec.custom_ops[0])
+    return BY_NAME[form.name]
 
 
 def _public_result(op: LibraryOp, values: dict[str, Any], outputs: Any) -> Any:
-    if op.public in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"):
-        o, final = outputs
-        return o, final if values["output_final_state"] else None
-    if op.name == "causal_conv1d_fn":
-        out, final = outputs
-        return (out, final) if values["return_final_states"] else out
-    return outputs
+    """The custom op's outputs as the public op returns them: an output the call did not ask for is
+    None, or left out where its spec drops it."""
+    if len(op.outputs) == 1:
+        return outputs
+    kept = []
+    for output, tensor in zip(op.outputs, outputs, strict=True):
+        if output.asked_by is not None and not values[output.asked_by]:
+            if output.dropped:
+                continue
+            tensor = None
+        kept.append(tensor)
+    return kept[0] if len(kept) == 1 else tuple(kept)

@@ -38,7 +38,8 @@ class ProbeClass:
     """The compile-time class of the gated-delta cases: input dtype (None: fp32), heads, head dims,
     l2norm in the kernel, and whether the cases pass an initial state and ask for the final one (where
     they do, one more packed case passes an initial state and does not ask: the call a backend that
-    cannot carry the final state's gradient takes)."""
+    cannot carry the final state's gradient takes), and the initial state's dtype (None: fp32; a kernel
+    that keeps its state in bf16 is probed with the call's bf16 state)."""
 
     dtype: torch.dtype | None = None
     H: int = 2
@@ -48,9 +49,11 @@ class ProbeClass:
     l2norm: bool = True
     initial_state: bool = True
     final_state: bool = True
+    state_dtype: torch.dtype | None = None
 
     def record(self) -> dict[str, Any]:
-        return {**asdict(self), "dtype": str(self.dtype or torch.float32).removeprefix("torch.")}
+        state = str(self.state_dtype or torch.float32).removeprefix("torch.") if self.initial_state else None
+        return {**asdict(self), "dtype": str(self.dtype or torch.float32).removeprefix("torch."), "state_dtype": state}
 
 
 def probe_class(like: Call | None) -> ProbeClass:
@@ -59,8 +62,10 @@ def probe_class(like: Call | None) -> ProbeClass:
         return ProbeClass()
     s = like.shapes
     dtype = None if like.q.dtype == torch.float32 else like.q.dtype
-    has_state = like.initial_state is not None
-    return ProbeClass(dtype, s.H, s.HV, s.K, s.V, like.use_qk_l2norm_in_kernel, has_state, like.output_final_state)
+    state = like.initial_state
+    state_dtype = None if state is None or state.dtype == torch.float32 else state.dtype
+    has_state, l2norm = state is not None, like.use_qk_l2norm_in_kernel
+    return ProbeClass(dtype, s.H, s.HV, s.K, s.V, l2norm, has_state, like.output_final_state, state_dtype)
 
 
 @dataclass
@@ -271,16 +276,18 @@ def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[st
 FP32_INPUTS = frozenset({"g", "initial_state", "initial_states", "ssm_pool", "conv_states", "conv_state"})
 
 
-def _in_dtype(case: Case, dtype: torch.dtype | None) -> Case:
-    if dtype is None:
-        return case
-    args = {
-        name: value.to(dtype)
-        if isinstance(value, torch.Tensor) and value.is_floating_point() and name not in FP32_INPUTS
-        else value
-        for name, value in case.args.items()
-    }
-    return replace(case, args=args)
+def _in_dtype(case: Case, dtype: torch.dtype | None, state_dtype: torch.dtype | None = None) -> Case:
+    """The case's inputs in `dtype` (the states in `state_dtype`, where given; else fp32, as the rest of
+    FP32_INPUTS)."""
+
+    def cast(name: str, value: Any) -> Any:
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            return value
+        if name == "initial_state" and state_dtype is not None:
+            return value.to(state_dtype)
+        return value if dtype is None or name in FP32_INPUTS else value.to(dtype)
+
+    return replace(case, args={name: cast(name, value) for name, value in case.args.items()})
 
 
 def probe_op(
@@ -334,7 +341,7 @@ def probe_op(
     for case in cases:
         if case.fallback and taken:
             continue
-        case = _in_dtype(case, cls.dtype if op in GDN_OPS else dtype)
+        case = _in_dtype(case, cls.dtype, cls.state_dtype) if op in GDN_OPS else _in_dtype(case, dtype)
         if not with_grad:  # a forward-only kernel: compare outputs and pools only
             case = Case(case.name, case.args)
         call = PREPARE[op](**_arguments(case, device))

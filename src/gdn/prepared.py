@@ -1,108 +1,155 @@
-"""A decode step prepared once: `fused_recurrent_gated_delta_rule_update` validated and resolved for one
-batch composition, then called every token with that token's tensors.
+"""The one step cache: calls that repeat an earlier validated call's metadata go straight to that call's
+prepared step, for every op whose serving implementation offers one (`fn.prepare(call)`: the triton
+pool update).
 
-A serving loop calls the pool update with tensors whose types, shapes, dtypes, devices and strides
-repeat every token. The public call finds its own prepared step for such a call (gdn.dispatch), after
-reading the metadata, the options, the environment and the resolver's decision again each call; a
-prepared step holds the pool and the options and compares its tensors' metadata with the prepared
-call's in one pass and hands them to the serving implementation's own prepared step, where it offers one and checks
-the index values on the device (the triton kernel); otherwise it makes the public call in full. Either
-way a step is checked as much as the public call: metadata equal to a validated call's, values checked
-by the kernel or on the host as the public call would."""
+A decode step repeats one call's metadata every token. A call whose tensors match an earlier validated
+call's in type, shape, dtype, device and strides, with the same options, under the same decision of the
+resolver (the same object) and value-check mode, goes straight to that call's prepared step: no
+validation, resolution or launch set-up again (on an H200's host those cost about as much as the
+kernel's own launch). Only where the step's kernel checks the values itself (the pool indices), the
+checks are not asked for on the host (GDN_VALUE_CHECKS=1), and no gradient is wanted; anything else
+takes the full path (gdn.dispatch). gdn.ops.PreparedPoolDecode holds one such step for a serving loop
+that prepares it itself."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from gdn import ops
-from gdn.dispatch import prepared_step, serve
-from gdn.resolve import last_route, record_route
+from gdn import _validate as check
+from gdn import dispatch
+from gdn.op_specs import SPECS
+from gdn.resolve import Resolution, decided, guards_values, last_route, record_route
 from gdn.tensor_metadata import SameMetadata, metadata
 
-OP = "fused_recurrent_gated_delta_rule_update"
-# what a step takes, in its order; the pool and the options are the prepared call's
-STEP_ARGUMENTS = ("q", "k", "v", "g", "beta", "ssm_indices")
+# the ops that may have a prepared step, and how many leading positional arguments are its tensors
+# (a call that passes one of them by keyword takes the full path)
+STEP_TENSORS = {spec.name: spec.step_tensors for spec in SPECS if spec.step_tensors}
+# a step's other arguments (options) must be plain values: a tensor among them (cu_seqlens) is bound
+# into the launch, so such a call takes the full path
+_OPTION_TYPES = (bool, int, float, type(None))
+MAX_STEPS = 64
 
 
-def _wants_grad(tensors: tuple) -> bool:
-    return any(t.requires_grad for t in tensors)
+@dataclass(frozen=True)
+class Step:
+    """A prepared step (None where the call has none) and what a call must repeat to take it: its
+    tensors' metadata, its options (values and types: validation tells a flag from the integer 1), the
+    value-check mode and the resolver's decision (held, so its identity is not reused while the step
+    lives)."""
+
+    same: SameMetadata
+    options: tuple
+    mode: str
+    resolution: Resolution
+    route: str | None
+    run: Callable | None
+    device_type: str  # the tensors' (same() checks the device): reading a tensor's device costs a µs
 
 
-class PreparedPoolDecode:
-    """`fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, ssm_pool, ssm_indices, scale,
-    cu_seqlens, use_qk_l2norm_in_kernel, *, state_v_first)` prepared from one call's arguments (validated, resolved and,
-    where the backend guards the values, value-checked as the public call is); then
-    `step(q, k, v, g, beta, ssm_indices) -> o` for each token, on the prepared pool with the prepared
-    options. A step's tensors must match the prepared ones in type, shape, dtype, device and strides
-    (else ValueError naming the argument: prepare another step for another batch). The backend is the
-    one resolved when preparing (`route` says which); `GDN_VALUE_CHECKS=1` when preparing, a backend
-    whose kernel does not check the indices, or a torch.compile region make every step the public call,
-    and so does a step whose tensors need gradients."""
-
-    def __init__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        ssm_pool: torch.Tensor,
-        ssm_indices: torch.Tensor,
-        scale: float | None = None,
-        cu_seqlens: torch.Tensor | None = None,
-        use_qk_l2norm_in_kernel: bool = False,
-        *,
-        state_v_first: bool = False,
-    ) -> None:
-        arguments = (q, k, v, g, beta, ssm_pool, ssm_indices, scale, cu_seqlens, use_qk_l2norm_in_kernel)
-        call, backend, fn = serve(OP, arguments, {"state_v_first": state_v_first})
-        self.route: str = last_route() or backend
-        self._pool = ssm_pool
-        self._options = {
-            "scale": scale,
-            "cu_seqlens": cu_seqlens,
-            "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel,
-            "state_v_first": state_v_first,
-        }
-        self._same = SameMetadata((q, k, v, g, beta, ssm_indices))
-        self._step: Callable[..., torch.Tensor] | None = prepared_step(OP, call, backend, fn)
-
-    def __call__(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        beta: torch.Tensor,
-        ssm_indices: torch.Tensor,
-    ) -> torch.Tensor:
-        tensors = (q, k, v, g, beta, ssm_indices)
-        if not self._same(*tensors):
-            self._refuse(metadata(tensors))  # unless only what torch's guard reads besides differs
-        if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
-            return ops.fused_recurrent_gated_delta_rule_update(
-                q, k, v, g, beta, self._pool, ssm_indices, **self._options
-            )
-        record_route(self.route)
-        return self._step(q, k, v, g, beta, self._pool, ssm_indices)
-
-    def _refuse(self, found: tuple) -> None:
-        for name, got, prepared in zip(STEP_ARGUMENTS, found, self._same.metadata, strict=True):
-            if got == prepared:
-                continue
-            if len(got) == 1:
-                raise TypeError(
-                    f"PreparedPoolDecode: argument '{name}' expected a tensor ({_describe(prepared)}), "
-                    f"got {got[0].__name__}"
-                )
-            raise ValueError(
-                f"PreparedPoolDecode: argument '{name}' expected {_describe(prepared)} (as prepared), got "
-                f"{_describe(got)}; prepare a step for other metadata"
-            )
+# _step_key -> the step of calls with that key
+_steps: dict[tuple, Step] = {}
+# op -> its latest step taken or stored: a serving loop repeats one call's metadata on every layer and
+# token, and checking a call against it (SameMetadata) costs less than building and hashing its key
+_latest: dict[str, Step] = {}
+_steps_lock = threading.Lock()  # for the writers; a hit reads without it
 
 
-def _describe(metadata: tuple) -> str:
-    kind, shape, dtype, device, strides = metadata
-    return f"type {kind.__name__}, shape {list(shape)}, dtype {dtype}, device {device}, strides {strides}"
+def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The public op `name` outside a compiled graph: its prepared step where the call repeats one's
+    metadata, else the full path (remembering the step for the calls that repeat this one's)."""
+    width = STEP_TENSORS.get(name)
+    if width is not None and len(args) >= width:
+        tensors = args[:width]
+        step = _latest.get(name)
+        if step is None or not _repeats(step, name, tensors, args[width:], kwargs):
+            key = _step_key(name, args, width, kwargs)
+            if key is None:
+                step = None
+            else:
+                step = _steps.get(key)
+                if step is None:
+                    return _prepare_step(name, key, args, kwargs)
+                _latest[name] = step
+        # a stored step's metadata is of tensors (a call whose arguments are not tensors fails validation
+        # before any step is stored)
+        if (
+            step is not None
+            and step.run is not None
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+        ):
+            record_route(step.route, name, tensors[0].dtype)
+            return step.run(*tensors)
+    return dispatch.serve(name, args, kwargs).run()
+
+
+def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
+    """A call's options as a step holds them: types, then values (a comparison meets a value only where
+    the types agree: no tensor is compared with a number), positional then by keyword."""
+    return (tuple(map(type, options)), tuple(map(type, kwargs.values())), options, tuple(kwargs.items()))
+
+
+def _repeats(step: Step, name: str, tensors: tuple, options: tuple, kwargs: dict[str, Any]) -> bool:
+    """Whether a call takes `step`: the same metadata, options, value-check mode and decision."""
+    return (
+        step.same(*tensors)
+        and _options(options, kwargs) == step.options
+        and check.value_check_mode() == step.mode
+        and decided(name, step.device_type) is step.resolution
+    )
+
+
+def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tuple | None:
+    """The call's metadata, options, value-check mode and the resolver's decision (by identity: a
+    decision made again after a reset, a registration or under another mode is another object; a step
+    holds its decision, so the identity is not reused while the step lives); None for a call that cannot
+    take a prepared step, or before the op is resolved (the first call resolves it in its own class,
+    gdn.resolve)."""
+    options = args[width:]
+    for value in options:
+        if type(value) not in _OPTION_TYPES:
+            return None
+    for value in kwargs.values():
+        if type(value) not in _OPTION_TYPES:
+            return None
+    first = args[0]
+    resolution = decided(name, first.device.type) if isinstance(first, torch.Tensor) else None
+    if resolution is None:
+        return None
+    tensors = metadata(args[:width])
+    return (name, tensors, _options(options, kwargs), check.value_check_mode(), id(resolution))
+
+
+def prepared_step(served: dispatch.Served) -> Callable | None:
+    """The serving implementation's prepared step for a validated call, where it offers one and its
+    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
+    prepare = getattr(served.fn, "prepare", None)
+    if prepare is None or not guards_values(served.backend, served.resolution.op) or check.value_check_mode() == "1":
+        return None
+    return prepare(served.call)
+
+
+def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """The full path for a call, remembering its prepared step (or that it has none) for the calls
+    that repeat its metadata."""
+    served = dispatch.serve(name, args, kwargs)
+    if id(served.resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
+        step = Step(
+            SameMetadata(args[: STEP_TENSORS[name]]),
+            key[2],
+            key[3],
+            served.resolution,
+            last_route(),
+            prepared_step(served),
+            served.call.device.type,
+        )
+        with _steps_lock:
+            if len(_steps) >= MAX_STEPS:
+                del _steps[next(iter(_steps))]  # the oldest
+            _steps[key] = step
+            _latest[name] = step
+    return served.run()

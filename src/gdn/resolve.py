@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from gdn import env_vars
+from gdn import env_vars, kernel_log, numeric_probe
 from gdn.backends.base import Backend
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
@@ -64,6 +64,8 @@ class Resolution:
     remaining: list[Backend] = field(default_factory=list, repr=False)
     where: torch.device | None = field(default=None, repr=False)
     fallback: Resolution | None = field(default=None, repr=False)
+    # the registered backends that were never tried, and why: {"backend", "reason"}
+    not_candidates: list[dict[str, str]] = field(default_factory=list)
 
     def record(self) -> dict[str, Any]:
         return {
@@ -76,11 +78,39 @@ class Resolution:
             "probe": self.probe,
             "forward_only": self.forward_only,
             "rejected": [vars(r) for r in self.rejected],
+            "not_candidates": self.not_candidates,
             "refusals": [
                 {"reason": reason, "count": count, "served_by": self.fallback.route if self.fallback else None}
                 for reason, count in self.refusals.items()
             ],
         }
+
+    def serve(self, call: Call) -> tuple[str, Callable]:
+        """The backend and implementation for one validated call (gdn.calls.Call): this resolution's;
+        the next candidate's when the backend refuses the call; eager when the call needs gradients and
+        the backend serves the op forward only (logged once per op, device and backend). The call is
+        noted in the kernel log in force (gdn.kernel_log), with the backends that passed it on and why."""
+        res = self
+        passed_over: list[tuple[str, str]] = []
+        reason = _registry()[res.backend].refusal(res.op, call)
+        while reason is not None:
+            passed_over.append((res.backend, reason))
+            res = _refused(res, reason, call)
+            reason = _registry()[res.backend].refusal(res.op, call)
+        backend, route, fn = res.backend, res.route, res.fn
+        if res.forward_only and _needs_grad(call):
+            key = (res.op, res.device, res.backend)
+            with _lock:
+                if key not in _training_fallbacks:
+                    _training_fallbacks.add(key)
+                    log.info(
+                        f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager"
+                    )
+            passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
+            eager = _registry()[EAGER]
+            backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
+        record_route(route, res.op, call.dtype, tuple(passed_over))
+        return backend, fn
 
 
 _lock = threading.RLock()
@@ -134,6 +164,11 @@ def guards_values(backend: str, op: str) -> bool:
     return op in _registry()[backend].guards_values
 
 
+def trusts_values(backend: str, op: str) -> bool:
+    """Whether `backend`'s kernel for `op` takes those values unchecked (Backend.trusts_values)."""
+    return op in _registry()[backend].trusts_values
+
+
 def modes() -> list[str]:
     return [AUTO, *backends()]
 
@@ -182,9 +217,26 @@ def _candidates(op: str, device_type: str, mode: str) -> list[Backend]:
     return [*ranked, registry[EAGER]]
 
 
-def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend], like: Call | None) -> Resolution:
-    from gdn.numeric_probe import probe_op  # the probe calls ops, which call resolve
+def _not_candidates(device_type: str, mode: str, candidates: list[Backend]) -> list[dict[str, str]]:
+    """Why each registered backend outside `candidates` was never tried, from what the registry knows
+    without loading any backend: the mode asked for another, or auto does not try it on this device."""
+    tried = {b.name for b in candidates}
+    passed_over = []
+    for backend in _registry().values():
+        if backend.name in tried:
+            continue
+        if mode != AUTO:
+            reason = f"not requested: compute mode {mode}"
+        elif device_type not in backend.devices:
+            reason = f"serves {', '.join(backend.devices)}, not {device_type}"
+        else:
+            ranked = ", ".join(backend.auto_rank) or "no device"
+            reason = f"auto tries it on {ranked} only; {MODE_ENV}={backend.name} selects it"
+        passed_over.append({"backend": backend.name, "reason": reason})
+    return passed_over
 
+
+def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend], like: Call | None) -> Resolution:
     device_type = device.type
     rejected: list[Rejection] = []
     is_strict = strict()
@@ -197,26 +249,29 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
         probe = None
         forward_only = op in backend.forward_only
         if reason is None and backend.needs_probe:
-            report = probe_op(
-                op,
-                fn,
-                device,
-                backend.probe_tolerance.get(op),
-                with_grad=not forward_only,
-                dtype=backend.probe_dtype,
-                head_dims=backend.probe_head_dims,
-                like=like,
-                refusal=functools.partial(backend.refusal, op),
-                outside_limits=backend.probe_outside_limits,
-                eager=_registry()[EAGER].implementation(op),
-                compile_ahead=None if backend.compile_ahead is None else functools.partial(backend.compile_ahead, op),
-            )
+            compile_ahead = None if backend.compile_ahead is None else functools.partial(backend.compile_ahead, op)
+            with kernel_log.during(f"numeric probe of {backend.name}"):
+                report = numeric_probe.probe_op(
+                    op,
+                    fn,
+                    device,
+                    backend.probe_tolerance.get(op),
+                    with_grad=not forward_only,
+                    dtype=backend.probe_dtype,
+                    head_dims=backend.probe_head_dims,
+                    like=like,
+                    refusal=functools.partial(backend.refusal, op),
+                    outside_limits=backend.probe_outside_limits,
+                    eager=_registry()[EAGER].implementation(op),
+                    compile_ahead=compile_ahead,
+                )
             probe = report.record()
             if not report.passed:
                 reason = f"numeric probe failed: {report.reason}"
         if reason is None:
             res = Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
             res.remaining, res.where = candidates[position + 1 :], device
+            res.not_candidates = _not_candidates(device_type, mode, candidates)
             return res
         rejected.append(Rejection(backend.name, route, reason, probe))
         if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):
@@ -294,30 +349,13 @@ def _refused(res: Resolution, reason: str, call: Call) -> Resolution:
     return res.fallback
 
 
-def for_call(res: Resolution, call: Call) -> tuple[str, Callable]:
-    """The backend and implementation for one validated call (gdn.calls.Call): the resolved one; the
-    next candidate's when the backend refuses the call; eager when the call needs gradients and the
-    backend serves the op forward only (logged once per op, device and backend)."""
-    reason = _registry()[res.backend].refusal(res.op, call)
-    if reason is not None:
-        return for_call(_refused(res, reason, call), call)
-    backend, route, fn = res.backend, res.route, res.fn
-    if res.forward_only and _needs_grad(call):
-        key = (res.op, res.device, res.backend)
-        with _lock:
-            if key not in _training_fallbacks:
-                _training_fallbacks.add(key)
-                log.info(f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager")
-        eager = _registry()[EAGER]
-        backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
+def record_route(route: str, op: str, dtype: torch.dtype, passed_over: tuple[tuple[str, str], ...] = ()) -> None:
+    """Record `route` as the one that served this thread's latest call of `op` (inputs of `dtype`), and
+    note the call in the kernel log in force: Resolution.serve does, and so does a caller that serves
+    calls through an implementation it took from Resolution.serve once (gdn.prepared's steps)."""
     _last_route.set(route)
-    return backend, fn
-
-
-def record_route(route: str) -> None:
-    """Record `route` as the one that served this thread's latest call: for a caller that serves calls
-    through an implementation it took from for_call once (gdn.prepared)."""
-    _last_route.set(route)
+    if kernel_log.ACTIVE is not None:
+        kernel_log.note("gdn", op, dtype, route, passed_over)
 
 
 def last_route() -> str | None:

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 import gdn
-from gdn import manifest
-from gdn.backends.ascendc import ASCENDC, routes
+from gdn.backends.ascendc import AscendcBackend, routes
 from gdn.backends.base import describe_error
+from gdn.matrix import probe
 from gdn.resolve import resolve
 
 DEVICE = "cpu"  # what the stand-in torch_npu offers in the NPU's place
@@ -73,7 +73,7 @@ def resolve_all() -> dict[str, Any]:
     messages = _Messages()
     logging.getLogger("gdn").addHandler(messages)
     logging.getLogger("gdn").setLevel(logging.INFO)
-    gdn.register_backend(ASCENDC, replace=True)
+    gdn.register_backend(AscendcBackend(), replace=True)
     gdn.set_compute_mode("ascendc")
     errors = {}
     for op in routes.SERVED:
@@ -131,7 +131,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m standins.scenario")
     parser.add_argument("--output", type=Path, required=True, metavar="PATH", help="write the JSON result here")
     args = parser.parse_args()
-    result = {"resolve": resolve_all(), "manifest": manifest.collect_manifest()}
+    result = {"resolve": resolve_all(), "manifest": probe.collect_manifest()}
     args.output.write_text(json.dumps(result, default=str))
     return 0
 

@@ -1,5 +1,6 @@
-"""The built-in backends, in registration order. Backends that need optional packages (triton, fla,
-flash_qla, torch_npu) load them lazily on first resolution, so listing them imports nothing heavy."""
+"""The built-in backends, in registration order (gdn.backends.registry). Backends that need optional
+packages (triton, fla, flash_qla, torch_npu) load them lazily on first resolution, so listing them imports
+nothing heavy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
-    from gdn.backends import ascendc, fla, flashqla, triton
-    from gdn.backends.eager import EAGER
+    from gdn.backends.registry import BACKENDS
 
-    return [EAGER, ascendc.ASCENDC, triton.make_backend(), fla.make_backend(), flashqla.make_backend()]
+    return [registration.load() for registration in BACKENDS]

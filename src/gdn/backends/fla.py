@@ -19,14 +19,24 @@ whose gradients are then not to be trusted.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from gdn.backends.base import Backend, OpTable
+from gdn.backends import fla_dispatch
+from gdn.backends.base import Backend, OpTable, import_version
+from gdn.backends.findings import Section, distribution, imported, mark_stand_in
 from gdn.calls import GdnCall, L2NormCall
+from gdn.gates import floored
 
 NAME = "fla"
+DISTRIBUTIONS = ("fla-core", "flash-linear-attention")
+# what fla's dispatch depends on: FlashQLA's kernels (flash-qla on tilelang, which needs z3-solver)
+PEER_DISTRIBUTIONS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 # The probe runs fp32 inputs. Most of fla's tl.dot calls keep Triton's default TF32 (operands rounded to
 # 10 mantissa bits, about 5e-4 relative each); through the triangular solve, the state pass and the
 # backward chains that grows to 1e-3-2e-3, and a wrong term costs far more than 5e-3. l2norm has no
@@ -34,21 +44,17 @@ NAME = "fla"
 PROBE_TOLERANCE = {"l2norm": 1e-5, "chunk_gated_delta_rule": 5e-3, "fused_recurrent_gated_delta_rule": 5e-3}
 
 
-def _version() -> str:
-    import fla
-
-    return getattr(fla, "__version__", "unknown")
-
-
 def _load() -> OpTable:
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule as fla_recurrent
 
     def chunk_gated_delta_rule(call: GdnCall):
-        return fla_chunk(call.q, call.k, call.v, **_fla_kwargs(call))
+        # fla's chunk kernels take differences of cumulative gates: a -inf gate is raised to the floor
+        # first (gdn.gates); its recurrent kernel takes exp(g) per token, -inf as it is
+        return fla_chunk(call.q, call.k, call.v, **_fla_kwargs(call, floored(call.g)))
 
     def fused_recurrent_gated_delta_rule(call: GdnCall):
-        return fla_recurrent(call.q, call.k, call.v, **_fla_kwargs(call))
+        return fla_recurrent(call.q, call.k, call.v, **_fla_kwargs(call, call.g))
 
     ops: dict = {
         "chunk_gated_delta_rule": chunk_gated_delta_rule,
@@ -67,11 +73,11 @@ def _load() -> OpTable:
     return ops
 
 
-def _fla_kwargs(call: GdnCall) -> dict:
-    """Our validated call as fla's keyword arguments after v (shapes need no translation: fla reads
-    them off the tensors, and GdnShapes already checked they agree)."""
+def _fla_kwargs(call: GdnCall, g: torch.Tensor) -> dict:
+    """Our validated call, with the gates `g`, as fla's keyword arguments after v (shapes need no
+    translation: fla reads them off the tensors, and GdnShapes already checked they agree)."""
     return dict(
-        g=call.g,
+        g=g,
         beta=call.beta,
         scale=call.scale,
         initial_state=call.initial_state,
@@ -82,19 +88,63 @@ def _fla_kwargs(call: GdnCall) -> dict:
     )
 
 
-def _route(op: str) -> str:
-    return f"{NAME}:{_version()}"
+@dataclass(eq=False)
+class FlaBackend(Backend):
+    name: str = NAME
+    devices: tuple[str, ...] = ("cuda", "npu")
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"cuda": 1, "npu": 2})
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: PROBE_TOLERANCE)
+    # fla's kernels read cu_seqlens on the device unchecked
+    trusts_values: frozenset[str] = frozenset({"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule"})
+    peer: bool = True
+
+    def loader(self) -> OpTable:
+        return _load()
+
+    def route(self, op: str) -> str:
+        return f"{NAME}:{import_version('fla')}"
+
+    def watch(self) -> AbstractContextManager[bool]:
+        return fla_dispatch.watching()
+
+    def describe(self) -> dict[str, Callable[[], Any]]:
+        return {"fla": fla_section}
+
+    @contextlib.contextmanager
+    def timing(self, op: str) -> Iterator[str | None]:
+        """fla's Hopper guard lifted around its chunk rows where it blocks them (timing only)."""
+        if op != "chunk_gated_delta_rule" or not hopper_guard_blocks():
+            yield None
+            return
+        with bypass_hopper_guard():
+            yield "fla's Hopper guard lifted for timing: its gated backward is wrong with this Triton here"
 
 
-def make_backend() -> Backend:
-    return Backend(
-        name=NAME,
-        loader=_load,
-        devices=("cuda", "npu"),
-        auto_rank={"cuda": 1, "npu": 2},
-        route=_route,
-        probe_tolerance=PROBE_TOLERANCE,
-    )
+def fla_section() -> Section:
+    """fla's version, whether it imports (tilelang without z3-solver breaks `import fla`), the versions
+    of the packages that change which kernel fla runs, and that kernel, from fla's own registry."""
+    fla, import_found = imported("fla")
+    section: Section = {
+        "distribution": distribution(*DISTRIBUTIONS),
+        "import": import_found,
+        "peer_packages": {name: (distribution(name) or {}).get("version") for name in PEER_DISTRIBUTIONS},
+    }
+    if fla is None:
+        return section
+    mark_stand_in(section, fla)
+    section["flash_qla_import"] = imported("flash_qla")[1] if section["peer_packages"]["flash-qla"] else None
+    section["dispatch"] = fla_dispatch.describe()
+    return section
+
+
+@functools.cache
+def hopper_guard_blocks() -> bool:
+    """Whether fla's Hopper guard blocks its gated backward here (for bf16 chunk calls)."""
+    try:
+        described = fla_dispatch.describe_dtype(torch.bfloat16)
+    except Exception:  # fla does not import: its resolution says why
+        return False
+    return bool(described["hopper_guard"]["blocks_gated_backward"])
 
 
 @contextlib.contextmanager

@@ -19,10 +19,19 @@ reason in the op's record; under GDN_STRICT=1 the refusal raises GdnBackendError
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+from collections.abc import Iterator, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 
-from gdn.backends.base import Backend, OpTable
+from gdn import kernel_log
+from gdn.backends.base import Backend, OpTable, import_version
 from gdn.calls import GdnCall
+from gdn.gates import floored
 
 NAME = "flashqla"
 OP = "chunk_gated_delta_rule"
@@ -32,12 +41,12 @@ DTYPES = (torch.bfloat16, torch.float16)
 # eager on the same bf16 inputs is bf16 rounding at the kernel's inputs and outputs and between its
 # fused stages (fla's Triton path measures 5e-3 on the H200 the same way); a wrong term costs O(1).
 PROBE_TOLERANCE = {OP: 2e-2}
-
-
-def _version() -> str:
-    import flash_qla
-
-    return getattr(flash_qla, "__version__", "unknown")
+# FlashQLA's chunk module: it imports the kernels of this GPU's architecture (a submodule per
+# architecture: hopper, blackwell, blackwell_sm120) and decides per forward call, in
+# _auto_intra_cp_context, whether to split the sequences across the card (intra-card context parallelism)
+CHUNK_MODULE = "flash_qla.ops.gated_delta_rule.chunk"
+CP_DECISION = "_auto_intra_cp_context"
+LEVEL = "flash_qla"  # the level of FlashQLA's own choice in gdn's kernel log
 
 
 def refusal(call: GdnCall) -> str | None:
@@ -60,7 +69,8 @@ def _load() -> OpTable:
             call.v,
             # FlashQLA keeps the gate's cumulative sums in g's dtype and asserts an fp32 dg in its
             # backward; our contract admits a half-precision g, which the cast turns into its gradient.
-            call.g.float(),
+            # Its chunk kernels take differences of those sums: a -inf gate is floored (gdn.gates).
+            floored(call.g.float()),
             call.beta,
             scale=call.scale,
             initial_state=initial_state,
@@ -99,27 +109,60 @@ def _around_empty_sequences(call: GdnCall, bounds: list[int], kept: list[int], r
     return o, (states.index_copy(0, rows, final) if call.output_final_state else None)
 
 
+@contextlib.contextmanager
+def watching() -> Iterator[bool]:
+    """While the block runs, each forward call of FlashQLA's chunk op, whoever makes it (this adapter, or
+    fla handing its chunk op to FlashQLA), notes the variant it ran in gdn's kernel log: the kernels'
+    architecture and whether the call was split across the card ("hopper, intra-card CP"). Yields
+    whether FlashQLA's chunk module was found (it imports only on the GPUs it supports)."""
+    try:
+        chunk = importlib.import_module(CHUNK_MODULE)
+        decide = getattr(chunk, CP_DECISION)
+        # flash_qla.ops.gated_delta_rule.chunk.hopper.fused_fwd -> hopper
+        architecture = chunk.fused_gdr_fwd.__module__.removeprefix(f"{CHUNK_MODULE}.").split(".")[0]
+    except Exception:  # not installed, or not importable on this machine
+        decide = None
+    if decide is None or getattr(decide, kernel_log.ORIGINAL, None) is not None:  # absent, or watched already
+        yield decide is not None
+        return
+
+    def noted(k: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        context = decide(k, *args, **kwargs)
+        split = ", intra-card CP" if getattr(context, "is_intra", False) else ""
+        kernel_log.note(LEVEL, OP, k.dtype, f"{architecture}{split}")
+        return context
+
+    setattr(noted, kernel_log.ORIGINAL, decide)
+    setattr(chunk, CP_DECISION, noted)
+    try:
+        yield True
+    finally:
+        setattr(chunk, CP_DECISION, decide)
+
+
+@dataclass(eq=False)
 class FlashQLABackend(Backend):
+    name: str = NAME
+    devices: tuple[str, ...] = ("cuda",)
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"cuda": 2})
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: PROBE_TOLERANCE)
+    probe_dtype: Any = torch.bfloat16
+    probe_head_dims: tuple[int, int] | None = (HEAD_DIM, HEAD_DIM)
+    probe_outside_limits: tuple[int, int] | None = (HEAD_DIM // 2, HEAD_DIM // 2)
+    trusts_values: frozenset[str] = frozenset({OP})  # its kernels read cu_seqlens on the device unchecked
+    peer: bool = True
+
+    def loader(self) -> OpTable:
+        return _load()
+
+    def route(self, op: str) -> str:
+        return f"{NAME}:{import_version('flash_qla')}"
+
+    def watch(self) -> AbstractContextManager[bool]:
+        return watching()
+
     def refusal(self, op: str, call: GdnCall) -> str | None:
         return refusal(call)
 
     def why_op_unavailable(self, op: str) -> str | None:
         return f"FlashQLA has chunked prefill kernels only (no {op})"
-
-
-def _route(op: str) -> str:
-    return f"{NAME}:{_version()}"
-
-
-def make_backend() -> Backend:
-    return FlashQLABackend(
-        name=NAME,
-        loader=_load,
-        devices=("cuda",),
-        auto_rank={"cuda": 2},
-        route=_route,
-        probe_tolerance=PROBE_TOLERANCE,
-        probe_dtype=torch.bfloat16,
-        probe_head_dims=(HEAD_DIM, HEAD_DIM),
-        probe_outside_limits=(HEAD_DIM // 2, HEAD_DIM // 2),
-    )

@@ -48,6 +48,7 @@ from packaging.version import Version
 
 import gdn
 from gdn import resolve as gdn_resolve
+from gdn.op_specs import SPECS
 
 MIN_TRANSFORMERS = "5.2"  # the first release with Qwen3.5
 
@@ -60,12 +61,7 @@ CLASSES = {
 API_ATTRIBUTES = "module-attributes"
 API_FUNCTIONS = "module-functions"
 # gdn op -> (instance attribute up to 5.14, module-level function from 5.15).
-KERNELS = {
-    "chunk_gated_delta_rule": ("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
-    "fused_recurrent_gated_delta_rule": ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-    "causal_conv1d_fn": ("causal_conv1d_fn", "causal_conv1d_fn"),
-    "causal_conv1d_update": ("causal_conv1d_update", "causal_conv1d_update"),
-}
+KERNELS = {spec.name: spec.transformers for spec in SPECS if spec.transformers is not None}
 # The model kwarg carrying packed-sequence offsets, as transformers' flash-attention path names it.
 PACKED_OFFSETS = "cu_seq_lens_q"
 _ABSENT = object()

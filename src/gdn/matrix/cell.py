@@ -4,12 +4,14 @@ A cell that cannot run here (no NPU, no GPU, no docker engine), fails to build, 
 still gets a cell.json saying so, with the log tail. Results are staged in a private directory and
 moved into place in one rename, so a cell never leaves half a result and never touches another's.
 
-One run of a cell at a time: a lock per cell (results/.locks/<cell>.lock) makes a second run wait for the
-first, so neither deletes the other's results; whoever holds the lock knows that every staging
-directory of the cell (results/.staging/<cell>/) is left over from a dead run, and removes it. A cell's
-processes run in their own process group, which is ended as a whole on a timeout, SIGTERM or SIGINT
-(a container is removed). A run stopped by SIGTERM or SIGINT is recorded in results/<cell>/interrupted.json
-beside the last complete run, whose files it never touches.
+One run of a cell at a time: a run guard per cell (gdn.matrix.runs) makes a second run wait for the
+first, so neither deletes the other's results; whoever holds the guard knows that every staging
+directory of the cell (results/.staging/<cell>/) is left over from a dead run, records a run that died
+with its marker left, and removes the rest. A cell's processes run in their own process group, which
+is ended as a whole on a timeout, SIGTERM or SIGINT (a container is removed), and which ends itself
+when the runner dies outright: the cell entry watches its stdin, a pipe whose other end only the
+runner holds. A run stopped by SIGTERM or SIGINT is recorded in results/<cell>/interrupted.json beside
+the last complete run, whose files it never touches.
 
 Any cell can run in the host runtime (a docker cell on a GPU box without docker): it then runs in this
 Python environment, not its image, and cell.json says so, with every pin the environment does not have.
@@ -18,8 +20,6 @@ Python environment, not its image, and cell.json says so, with every pin the env
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
-import json
 import os
 import shutil
 import signal
@@ -28,34 +28,23 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 
-from filelock import FileLock, Timeout
-
-from gdn.matrix import devices, outcomes
+from gdn.matrix import devices, runs
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, Runtime, cell_files
-from gdn.matrix.jsonio import write_json
+from gdn.matrix.jsonio import UnreadableFileError, read_json
 from gdn.matrix.lock import lock_summary
-from gdn.matrix.results import INTERRUPTED
-from gdn.matrix.schema import CellLock, CellOutcome, InterruptedRun, PinDifference
+from gdn.matrix.results import status_of
+from gdn.matrix.schema import CellLock, CellOutcome, PinDifference
 from gdn.matrix.versions import pin_differences
 
-LOG_TAIL_LINES = 60
-LOCKS = ".locks"
-STAGING = ".staging"
 # how long the cell's processes get to exit on SIGTERM before the group is killed
 GRACE_S = 5.0
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 CONTAINER_SOURCE = Path("/src")
 CONTAINER_RESULTS = Path("/results")
-BAD = ("failed", "error")
-
-
-class CellBusyError(RuntimeError):
-    """Another run of the cell holds its lock, and the wait for it ran out."""
 
 
 class CellInterruptedError(BaseException):
@@ -110,16 +99,12 @@ def end_group(process: subprocess.Popen, grace_s: float) -> None:
     process.wait()
 
 
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-
-
 class CellLog:
     """Everything the cell prints: echoed, kept whole in log.txt and as a tail for cell.json."""
 
     def __init__(self, path: Path, echo: Callable[[str], None]):
         self.handle = path.open("w")
-        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)
+        self.tail: deque[str] = deque(maxlen=runs.LOG_TAIL_LINES)
         self.echo = echo
 
     def __call__(self, line: str) -> None:
@@ -137,13 +122,10 @@ class CellLog:
 
 
 def entry_command(cell: Cell, out: Path, source: Path, python: str = "python") -> list[str]:
-    command = [python, "-m", "gdn.matrix.entry", "--cell", cell.name, "--out", str(out)]
+    command = [python, "-m", "gdn.matrix.entry", "--cell", cell.name, "--out", str(out), "--end-with-stdin"]
     command += ["--families", ",".join(cell.families), "--mode", cell.compute_mode, "--tests", str(source / "tests")]
+    command += ["--probe-mode", cell.probe_mode] if cell.probe_mode else []
     return command + (["--bench"] if cell.bench else [])
-
-
-def status_of(exit_code: int | None) -> str:
-    return {0: "passed", 1: "failed"}.get(exit_code, "error")
 
 
 def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | None, bool]:
@@ -153,10 +135,13 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
     env_cmd = entry_command(cell, out, root, python=sys.executable)
     path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
     # a session of its own: the whole group (pytest, its workers, whatever a test starts) is ended
-    # with the cell, and a Ctrl-C in the terminal reaches the runner only, which ends the group
+    # with the cell, and a Ctrl-C in the terminal reaches the runner only, which ends the group. Its
+    # stdin is a pipe only this process holds the other end of: should this process die outright, the
+    # pipe closes and the entry ends its group (entry --end-with-stdin)
     process = subprocess.Popen(
         env_cmd,
         cwd=root,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -175,6 +160,8 @@ def _run_host(cell: Cell, root: Path, out: Path, log: CellLog) -> tuple[int | No
     except BaseException:
         end_group(process, GRACE_S)
         raise
+    finally:
+        process.stdin.close()
     # the entry is done; anything it left running in its group is not part of a result
     end_group(process, 0)
     reader.join(timeout=5)
@@ -224,8 +211,8 @@ def _run_docker(matrix: Matrix, cell: Cell, root: Path, out: Path, log: CellLog,
 
 def _manifest(path: Path) -> dict | None:
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
+        manifest = read_json(path)
+    except UnreadableFileError:  # absent, not a regular file, too large, not strict JSON
         return None
     return manifest if isinstance(manifest, dict) else None
 
@@ -253,60 +240,6 @@ def _publish(staging: Path, final: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def _clear_stale(cell_staging: Path, final: Path) -> None:
-    """Remove what dead runs of the cell left (the caller holds the cell's lock, so no run is live);
-    a previous result that a killed run had moved aside but not replaced is put back first."""
-    if not cell_staging.is_dir():
-        return
-    moved = sorted(cell_staging.glob("old-*"), key=lambda p: p.stat().st_mtime)
-    if moved and not final.exists():
-        moved[-1].rename(final)
-    for leftover in cell_staging.iterdir():
-        shutil.rmtree(leftover, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _cell_locked(results_root: Path, cell: Cell, echo: Callable[[str], None], wait_s: float | None) -> Iterator[None]:
-    """Hold the cell's lock: wait (at most wait_s, forever for None) while another run holds it."""
-    path = results_root / LOCKS / f"{cell.name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(path)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        echo(f"cell {cell.name}: another run of this cell holds {lock.lock_file}; waiting for it to finish")
-        try:
-            lock.acquire(timeout=-1 if wait_s is None else wait_s)
-        except Timeout:
-            raise CellBusyError(
-                f"cell {cell.name}: another run of this cell still holds {lock.lock_file} after {wait_s:g} s"
-            ) from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _record_interruption(outcome: CellOutcome, final: Path, staging: Path, log: CellLog, signum: int) -> None:
-    before = "the results shown are of the last complete run" if final.exists() else "no complete run is recorded"
-    finished = outcomes.read_finished(staging / outcomes.FILE)
-    counts = Counter(t.outcome for t in finished)
-    tests_finished = {o: counts[o] for o in outcomes.OUTCOMES if counts[o]}
-    tally = ", ".join(f"{n} {o}" for o, n in tests_finished.items())
-    record = InterruptedRun(
-        cell=outcome.cell,
-        signal=signal.Signals(signum).name,
-        started_at=outcome.started_at or _now(),
-        interrupted_at=_now(),
-        reason=f"interrupted by {signal.Signals(signum).name}: {before}"
-        + (f"; its tests before it stopped: {tally}" if tally else ""),
-        log_tail=log.text() or None,
-        tests_finished=tests_finished,
-        tests_failed=[f"{t.nodeid}: {t.message}" if t.message else t.nodeid for t in finished if t.outcome in BAD],
-    )
-    write_json(final / INTERRUPTED, asdict(record))
-
-
 def run_cell(
     matrix: Matrix,
     cell: Cell,
@@ -323,9 +256,11 @@ def run_cell(
     progress this waits for it (at most wait_s seconds, then CellBusyError); a run stopped by SIGTERM or
     SIGINT raises CellInterruptedError once its interruption is recorded."""
     results_root.mkdir(parents=True, exist_ok=True)
-    with _cell_locked(results_root, cell, echo, wait_s):
-        cell_staging = results_root / STAGING / cell.name
-        _clear_stale(cell_staging, results_root / cell.name)
+    with runs.guarded(results_root, cell.name, echo, wait_s):
+        died = runs.clear_dead_runs(results_root, cell.name)
+        if died is not None:
+            echo(f"cell {cell.name}: previous run: {died.reason}")
+        cell_staging = runs.cell_staging(results_root, cell.name)
         cell_staging.mkdir(parents=True, exist_ok=True)
         try:
             return _run_locked(matrix, cell, root, results_root, cell_staging, echo, host_root, runtime)
@@ -353,25 +288,54 @@ def _run_locked(
         device=cell.device,
         runtime=as_run.runtime,
         matrix_runtime=cell.runtime,
-        started_at=_now(),
+        started_at=runs.now(),
         families=list(cell.families),
     )
+    # until the result is in place: a runner killed outright leaves it for the next to find
+    runs.mark_run(staging, outcome.started_at)
+    try:
+        return _run_marked(matrix, cell, as_run, root, staging, final, outcome, echo, host_root)
+    finally:
+        runs.unmark_run(staging)
+
+
+def _run_marked(
+    matrix: Matrix,
+    cell: Cell,
+    as_run: Cell,
+    root: Path,
+    staging: Path,
+    final: Path,
+    outcome: CellOutcome,
+    echo: Callable[[str], None],
+    host_root: Path | None,
+) -> CellOutcome:
     started = time.monotonic()
-    log = CellLog(staging / "log.txt", echo)
+    log = CellLog(staging / runs.LOG, echo)
     try:
         with _signals_interrupt():
             _run(matrix, cell, as_run, root, staging, log, outcome, host_root)
     except (CellInterruptedError, KeyboardInterrupt) as exc:
         log.close()
         signum = exc.signum if isinstance(exc, CellInterruptedError) else signal.SIGINT
+        name = signal.Signals(signum).name
         with _signals_held():
-            _record_interruption(outcome, final, staging, log, signum)
+            runs.record_interruption(
+                final,
+                cell.name,
+                staging,
+                signal=name,
+                cause=f"interrupted by {name}",
+                started_at=outcome.started_at or runs.now(),
+                at=runs.now(),
+                log_tail=log.text() or None,
+            )
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(exc, KeyboardInterrupt):
             raise CellInterruptedError(signum) from None
         raise
     log.close()
-    outcome.finished_at = _now()
+    outcome.finished_at = runs.now()
     outcome.duration_s = round(time.monotonic() - started, 2)
     outcome.log_tail = outcome.log_tail or log.text() or None
     outcome.stand_ins = stand_in_labels(staging / "manifest.json")

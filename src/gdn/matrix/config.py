@@ -1,11 +1,14 @@
 """matrix.yaml: the cells of the test matrix, as one validated, typed configuration that the rest of
 the matrix (nox sessions, images, cell runner, report, CI workflow) reads.
 
-Every problem is a MatrixConfigError that names the file, the cell and the key: unknown keys,
+Every problem is a MatrixConfigError that names the file, the cell and the key (or the line): a file
+that is not UTF-8 YAML, a duplicate key, an anchor or alias, nesting deeper than a matrix needs,
+unknown keys, a value of another type than the key's (never converted: `timeout_s: true` is refused),
 duplicate names, missing fields, a docker cell without a Dockerfile, a Dockerfile or wheel that is
 not on disk or lies outside the checkout / wheelhouse (checked when the cell's files are needed), an
 expectation naming an unknown op or backend, a version that is not a version, a name that is no image
-reference, runner labels that cannot reach a runner of the cell's device kind.
+reference, runner labels that cannot reach a runner of the cell's device kind, an environment variable
+that steers a loader or an interpreter, a directory out of the checkout or in its .git.
 
 matrix.yaml comes with a pull request, so nothing in it is trusted: versions reach image builds (they
 must never be able to carry code), paths name files copied into build contexts."""
@@ -15,15 +18,16 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from gdn.backend_names import BACKEND_NAMES
+from gdn.backends import registry
 from gdn.matrix import devices
+from gdn.matrix.jsonio import UnreadableFileError, read_capped
 from gdn.op_names import OP_NAMES
 
 FAMILIES = ("probe", "single_op", "shape_grid", "grpo")
@@ -48,8 +52,12 @@ WHEELHOUSE_ENV = "GDN_WHEELHOUSE"
 
 Family = Literal["probe", "single_op", "shape_grid", "grpo"]
 Runtime = Literal["docker", "host"]
-# gdn_compute_mode inside a cell: auto or a built-in backend (gdn.resolve.modes() without torch).
-COMPUTE_MODES = ("auto", *BACKEND_NAMES)
+
+
+def compute_modes() -> tuple[str, ...]:
+    """gdn_compute_mode inside a cell: auto or a built-in backend (gdn.resolve.modes() without torch)."""
+    return ("auto", *registry.names())
+
 
 # The base-image keys are what the image's own tools report: Python's and CUDA's major.minor (3.12,
 # 13.0), CANN's release (8.5.0) or release candidate (8.0.RC1, 8.0.RC2.beta1).
@@ -70,14 +78,69 @@ IMAGE_REFERENCE = re.compile(
 CELL_NAME = re.compile(_COMPONENT)
 # A repository name may have 255 characters; gdn-matrix/ takes 11 of them.
 CELL_NAME_MAX = 128
+# A matrix is a few kilobytes; nothing in one is nested more than 5 levels.
+MATRIX_MAX_BYTES = 1 << 20
+MATRIX_MAX_DEPTH = 32
+# A cell's `env` reaches the cell's processes, and in the host runtime the runner's own environment:
+# plain variable names only, and none that decides what code a process loads (the dynamic loader's,
+# Python's, glibc's iconv modules) or what a shell runs before its command.
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+LOADER_ENV_PREFIXES = ("LD_", "DYLD_", "PYTHON")
+LOADER_ENV_NAMES = frozenset({"PATH", "GCONV_PATH", "BASH_ENV", "ENV"})
 
 
 class MatrixConfigError(ValueError):
     pass
 
 
+class _Refused(yaml.YAMLError):
+    """What the matrix loader refuses where yaml would accept it; `line` is 1-based."""
+
+    def __init__(self, line: int, message: str) -> None:
+        super().__init__(message)
+        self.line = line
+
+
+class _MatrixLoader(yaml.SafeLoader):
+    """yaml's safe loader without what it resolves silently or at any cost: a duplicate key (yaml keeps
+    the last: a second `cells: []` dropped every cell), an anchor or alias (a few lines can stand for
+    millions of values), nesting past MATRIX_MAX_DEPTH (yaml composes recursively: 20,000 brackets
+    exhaust Python's stack)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
+            raise _Refused(event.start_mark.line + 1, "anchors and aliases are not used in a matrix")
+        self._depth += 1
+        try:
+            if self._depth > MATRIX_MAX_DEPTH:
+                raise _Refused(event.start_mark.line + 1, f"nested deeper than {MATRIX_MAX_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                if key in first:
+                    raise _Refused(line, f"duplicate key {key!r} (first at line {first[key]})")
+                first[key] = line
+            except TypeError:  # an unhashable key: yaml's own construction refuses it
+                continue
+        return super().construct_mapping(node, deep)
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a value of another type is refused, never converted (`timeout_s: true` is not 1)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Versions(_Strict):
@@ -148,8 +211,8 @@ class Expectation(_Strict):
     @field_validator("backend")
     @classmethod
     def _known_backend(cls, backend: str) -> str:
-        if backend not in BACKEND_NAMES:
-            raise ValueError(f"unknown backend {backend!r}; expected one of {list(BACKEND_NAMES)}")
+        if backend not in registry.names():
+            raise ValueError(f"unknown backend {backend!r}; expected one of {list(registry.names())}")
         return backend
 
 
@@ -162,12 +225,18 @@ class Limits(_Strict):
     pids: int = Field(default=8192, gt=0)
 
 
+def _in_git(parts: tuple[str, ...]) -> bool:
+    return any(part.casefold() == ".git" for part in parts)
+
+
 def _checkout_relative(value: str, what: str) -> str:
-    """A path inside the checkout, as matrix.yaml may name one: relative, never through `..`. Symlinks
-    are followed, and checked, where the file is used."""
+    """A path inside the checkout, as matrix.yaml may name one: relative, never through `..`, never in
+    .git. Symlinks are followed, and checked, where the file is used."""
     path = PurePosixPath(value)
     if path.is_absolute() or "\\" in value or ".." in path.parts or not path.parts:
         raise ValueError(f"{value!r} is not a relative path inside the {what} (no absolute path, no '..')")
+    if _in_git(path.parts):
+        raise ValueError(f"{value!r} lies in .git, which holds the repository, not the matrix's files")
     return value
 
 
@@ -180,14 +249,16 @@ class Cell(_Strict):
     dockerfile: str | None = None
     base_image: str | None = None
     versions: Versions = Versions()
-    wheels: tuple[str, ...] = ()
+    wheels: Annotated[tuple[str, ...], Field(strict=False)] = ()
     # versions keys whose distribution is on no index: the pin is the wheel file in `wheels`, installed
     # as is with its hash recorded in the lock (fla_npu; a triton-ascend that only vendors publish).
-    wheelhouse_pins: tuple[str, ...] = ()
-    runner_labels: tuple[str, ...] = ()
-    families: tuple[Family, ...] = FAMILIES
-    expect: tuple[Expectation, ...] = ()
+    wheelhouse_pins: Annotated[tuple[str, ...], Field(strict=False)] = ()
+    runner_labels: Annotated[tuple[str, ...], Field(strict=False)] = ()
+    families: Annotated[tuple[Family, ...], Field(strict=False)] = FAMILIES
+    expect: Annotated[tuple[Expectation, ...], Field(strict=False)] = ()
     compute_mode: str = "auto"
+    # the mode the probe (the manifest's resolution of every op) runs under, when it is not compute_mode
+    probe_mode: str | None = None
     bench: bool = False
     timeout_s: int = Field(default=3600, gt=0)
     limits: Limits = Limits()
@@ -224,11 +295,26 @@ class Cell(_Strict):
                 raise ValueError(f"{wheel!r} is not a file name: wheels are files in the wheelhouse")
         return wheels
 
-    @field_validator("compute_mode")
+    @field_validator("env")
     @classmethod
-    def _known_mode(cls, mode: str) -> str:
-        if mode not in COMPUTE_MODES:
-            raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(COMPUTE_MODES)}")
+    def _plain_environment(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not an environment variable name ({ENV_NAME.pattern})")
+            if name.startswith(LOADER_ENV_PREFIXES) or name in LOADER_ENV_NAMES:
+                raise ValueError(
+                    f"{name!r} is not an environment variable a cell may set: it decides what code a loader, "
+                    "the interpreter or a shell runs"
+                )
+            if "\0" in value:
+                raise ValueError(f"the value of {name!r} holds a NUL, which no environment variable can carry")
+        return env
+
+    @field_validator("compute_mode", "probe_mode")
+    @classmethod
+    def _known_mode(cls, mode: str | None) -> str | None:
+        if mode is not None and mode not in compute_modes():
+            raise ValueError(f"unknown compute mode {mode!r}; expected one of {list(compute_modes())}")
         return mode
 
     @field_validator("device")
@@ -330,7 +416,7 @@ class Matrix(_Strict):
     wheelhouse: str = "wheelhouse"
     # Where the cells' lock files lie (locks/<cell>.txt), relative to the checkout.
     locks: str = "locks"
-    cells: tuple[Cell, ...]
+    cells: Annotated[tuple[Cell, ...], Field(strict=False)]
 
     @field_validator("wheelhouse", "locks")
     @classmethod
@@ -385,23 +471,51 @@ def default_matrix_path() -> Path:
     return Path(os.environ.get(MATRIX_ENV) or "matrix.yaml")
 
 
+def _text(path: Path, data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise MatrixConfigError(
+            f"{path}: line {line}: not valid UTF-8 (byte 0x{data[exc.start]:02x}); a matrix is a UTF-8 file"
+        ) from None
+
+
 def load_matrix(path: str | Path | None = None) -> Matrix:
     path = Path(path) if path is not None else default_matrix_path()
     try:
-        raw = yaml.safe_load(path.read_text())
-    except OSError as exc:
+        data = read_capped(path, MATRIX_MAX_BYTES, follow_symlinks=True)
+    except (OSError, UnreadableFileError) as exc:
         raise MatrixConfigError(f"{path}: cannot read the matrix: {exc}") from None
+    try:
+        raw = yaml.load(_text(path, data), Loader=_MatrixLoader)  # a SafeLoader, stricter still
+    except _Refused as exc:
+        raise MatrixConfigError(f"{path}: line {exc.line}: {exc}") from None
     except yaml.YAMLError as exc:
         raise MatrixConfigError(f"{path}: not valid YAML: {exc}") from None
     return parse_matrix(raw, str(path))
 
 
 def wheelhouse_dir(matrix: Matrix, root: Path) -> Path:
-    return Path(os.environ.get(WHEELHOUSE_ENV) or root / matrix.wheelhouse)
+    """$GDN_WHEELHOUSE (the operator's choice), else matrix.yaml's `wheelhouse` in the checkout."""
+    chosen = os.environ.get(WHEELHOUSE_ENV)
+    return Path(chosen) if chosen else _confined(root, "wheelhouse", matrix.wheelhouse)
 
 
 def lock_path(matrix: Matrix, cell: Cell, root: Path) -> Path:
-    return root / matrix.locks / f"{cell.name}.txt"
+    return _confined(root, "locks", matrix.locks) / f"{cell.name}.txt"
+
+
+def _confined(root: Path, key: str, relative: str) -> Path:
+    """root / relative, which must stay in the checkout and out of its .git with every symlink followed
+    (matrix.yaml names it; the load refused absolute paths, `..` and .git as written)."""
+    path = root / relative
+    resolved, top = path.resolve(), root.resolve()
+    if not resolved.is_relative_to(top):
+        raise MatrixConfigError(f"key {key!r}: {path} leads to {resolved}, outside {top}")
+    if _in_git(resolved.relative_to(top).parts):
+        raise MatrixConfigError(f"key {key!r}: {path} leads to {resolved}, inside the repository's .git")
+    return path
 
 
 def _inside(path: Path, top: Path) -> bool:

@@ -7,6 +7,10 @@ regression, so it can gate a wheel upgrade in CI (exit 0: no regression, 1: a re
 is unusable). `--pair OLD_CELL=NEW_CELL` compares two differently named cells instead (the stack in use
 against the candidate cell that adds or upgrades a wheel). A lock change is shown, never a regression by itself;
 a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
+
+What the diff cannot read it refuses (exit 2, naming the file and the field) rather than leave out of
+the comparison: a report past its size cap or not a regular file, not strict JSON (a NaN), nested past
+a limit, not the report.json schema, a timing that is not a finite number of ms above 0.
 """
 
 from __future__ import annotations
@@ -17,14 +21,34 @@ import math
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from gdn.matrix import peers, schema, speed
-from gdn.matrix.markdown import md_cell, md_table
-from gdn.matrix.report import UNMARKED_FAMILY, bench_label, expectation_text
-from gdn.matrix.schema import shape_text
+from gdn.backends import fla_choices
+from gdn.matrix import accuracy_report, schema, speed
+from gdn.matrix.accuracy_report import DEFAULT_FACTOR, AccuracyRegression
+from gdn.matrix.accuracy_report import regressions as accuracy_regressions
+from gdn.matrix.jsonio import (
+    REPORT_FILE_MAX_BYTES,
+    UnreadableFileError,
+    atomic_write,
+    location,
+    parse_json,
+    read_capped,
+)
+from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
+from gdn.matrix.markdown import fit_summary, md_cell, md_table
+from gdn.matrix.report_text import UNMARKED_FAMILY, bench_label, expectation_text
+from gdn.matrix.results import STATUS_RANK
+from gdn.matrix.schema import (
+    Expectation,
+    Failure,
+    Rejection,
+    Report,
+    ReportCell,
+    ResolutionEntry,
+    shape_text,
+)
 
 DEFAULT_THRESHOLD = 0.10
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
@@ -32,18 +56,15 @@ EXIT_CODES = f"""exit status:
   {EXIT_OK}  no regression (or --no-fail)
   {EXIT_REGRESSION}  at least one regression
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
-     schema (`gdn-matrix schema report`), two cells of one name, a bad --threshold, a --pair cell that
-     is not there"""
-# worse is higher; not_run is worst because nothing about the cell is known any more
-STATUS_RANK = {
-    "passed": 0,
-    "failed": 1,
-    "error": 2,
-    "timeout": 2,
-    "build_failed": 3,
-    "not_run": 4,
-    "interrupted": 4,
-}
+     schema (`gdn-matrix schema report`), a NaN, nesting past 64 levels, a timing that is not a
+     finite number of ms > 0, two cells of one name, a bad --threshold, a --pair cell that is not
+     there, an --output that cannot be written"""
+
+
+# an (op, device) a report has no resolution for
+NOT_RESOLVED = ResolutionEntry()
+# statuses of a cell that ran its probe and its tests: its resolutions are known
+GOT_TO_TESTS = ("passed", "failed")
 
 
 class ReportError(ValueError):
@@ -62,7 +83,7 @@ class BackendChange:
     old_error: str | None = None
     new_error: str | None = None
     # why the new resolution passed over its other candidates: the first thing a reader asks
-    new_rejected: list[dict[str, Any]] = field(default_factory=list)
+    new_rejected: list[Rejection] = field(default_factory=list)
 
     @property
     def backend_changed(self) -> bool:
@@ -78,7 +99,7 @@ class BackendChange:
 
     @property
     def why(self) -> str:
-        return "; ".join(f"{r.get('backend')} rejected: {r.get('reason')}" for r in self.new_rejected)
+        return "; ".join(f"{r.backend} rejected: {r.reason}" for r in self.new_rejected)
 
 
 def _resolved_text(backend: str | None, route: str | None, error: str | None) -> str:
@@ -180,10 +201,15 @@ class ReportDiff:
     cells_added: list[str] = field(default_factory=list)
     cells_removed: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
-    expectation_violations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    expectation_violations: list[tuple[str, Expectation]] = field(default_factory=list)
     slowdowns: list[Slowdown] = field(default_factory=list)
     fastest_changes: list[FastestChange] = field(default_factory=list)
     kernel_changes: list[KernelChange] = field(default_factory=list)
+    # what the calls of a step ran (kernels.json), per level, function and dtype
+    kernel_call_changes: list[KernelCallChange] = field(default_factory=list)
+    comparison_losses: list[ComparisonLoss] = field(default_factory=list)
+    accuracy_factor: float = DEFAULT_FACTOR
+    accuracy_regressions: list[AccuracyRegression] = field(default_factory=list)
     regressions: list[str] = field(default_factory=list)
 
     @property
@@ -197,13 +223,13 @@ class ReportDiff:
 # ---------------------------------------------------------------- comparing
 
 
-def _cells(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {cell["name"]: cell for cell in report["cells"]}
+def _cells(report: Report) -> dict[str, ReportCell]:
+    return {cell.name: cell for cell in report.cells}
 
 
 def _paired(
-    old: dict[str, Any], new: dict[str, Any], pairs: Sequence[tuple[str, str]]
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    old: Report, new: Report, pairs: Sequence[tuple[str, str]]
+) -> tuple[dict[str, ReportCell], dict[str, ReportCell]]:
     """The old and new cells of each pair under one name, "old → new"."""
     old_cells, new_cells = _cells(old), _cells(new)
     before, after = {}, {}
@@ -216,16 +242,17 @@ def _paired(
     return before, after
 
 
-def _backend_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[BackendChange]:
-    old_res, new_res = old.get("resolution") or {}, new.get("resolution") or {}
-    if not old_res or not new_res:
-        # a cell that resolved nothing (not run, build failed) is told by its status, not per op
+def _backend_changes(name: str, old: ReportCell, new: ReportCell) -> list[BackendChange]:
+    old_res, new_res = old.resolution, new.resolution
+    if not old_res or (not new_res and new.status not in GOT_TO_TESTS):
+        # a cell that resolved nothing because it never got to its probe (not run, build failed) is
+        # told by its status; one that got to its tests and resolved nothing lost every resolution
         return []
     changes = []
     keys = {(op, dev) for res in (old_res, new_res) for op, per_device in res.items() for dev in per_device}
     for op, device in sorted(keys):
-        before = old_res.get(op, {}).get(device) or {}
-        after = new_res.get(op, {}).get(device) or {}
+        before = old_res.get(op, {}).get(device) or NOT_RESOLVED
+        after = new_res.get(op, {}).get(device) or NOT_RESOLVED
         # error texts carry per-run details, so only whether there was one is compared
         if _state(before) == _state(after):
             continue
@@ -234,20 +261,20 @@ def _backend_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> lis
                 name,
                 op,
                 device,
-                before.get("backend"),
-                before.get("route"),
-                after.get("backend"),
-                after.get("route"),
-                old_error=before.get("error"),
-                new_error=after.get("error"),
-                new_rejected=after.get("rejected") or [],
+                before.backend,
+                before.route,
+                after.backend,
+                after.route,
+                old_error=before.error,
+                new_error=after.error,
+                new_rejected=after.rejected,
             )
         )
     return changes
 
 
-def _state(entry: dict[str, Any]) -> tuple[Any, Any, bool]:
-    return entry.get("backend"), entry.get("route"), bool(entry.get("error"))
+def _state(entry: ResolutionEntry) -> tuple[str | None, str | None, bool]:
+    return entry.backend, entry.route, bool(entry.error)
 
 
 def _is_backend_regression(change: BackendChange, route_changes_regress: bool) -> bool:
@@ -257,27 +284,27 @@ def _is_backend_regression(change: BackendChange, route_changes_regress: bool) -
     return change.backend_changed or route_changes_regress
 
 
-def _failing(cell: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {f["test"]: f for f in cell.get("failures") or [] if isinstance(f, dict) and "test" in f}
+def _failing(cell: ReportCell) -> dict[str, Failure]:
+    return {f.test: f for f in cell.failures}
 
 
-def _ran_family(cell: dict[str, Any], family: str | None) -> bool:
-    counts = (cell.get("families") or {}).get(family or UNMARKED_FAMILY) or {}
-    return counts.get("total", 0) > counts.get("skipped", 0)
+def _ran_family(cell: ReportCell, family: str | None) -> bool:
+    counts = cell.families.get(family or UNMARKED_FAMILY)
+    return counts is not None and counts.total > counts.skipped
 
 
-def _test_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> tuple[list[TestChange], list[TestChange]]:
+def _test_changes(name: str, old: ReportCell, new: ReportCell) -> tuple[list[TestChange], list[TestChange]]:
     before, after = _failing(old), _failing(new)
-    failing = [TestChange(name, t, f["outcome"], f.get("message")) for t, f in after.items() if t not in before]
+    failing = [TestChange(name, t, f.outcome, f.message) for t, f in after.items() if t not in before]
     # a report lists failures only, so a test counts as passing again only where its family ran
     passing = [
-        TestChange(name, t, "passed") for t, f in before.items() if t not in after and _ran_family(new, f.get("family"))
+        TestChange(name, t, "passed") for t, f in before.items() if t not in after and _ran_family(new, f.family)
     ]
     return failing, passing
 
 
-def _version_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[VersionChange]:
-    before, after = old.get("versions") or {}, new.get("versions") or {}
+def _version_changes(name: str, old: ReportCell, new: ReportCell) -> list[VersionChange]:
+    before, after = old.versions, new.versions
     if not any(before.values()) or not any(after.values()):
         # no manifest on one side (not run, build failed): its status says why, not every version
         return []
@@ -288,16 +315,16 @@ def _version_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> lis
     ]
 
 
-def _lock_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> LockChange | None:
-    before, after = old.get("lock"), new.get("lock")
-    if not isinstance(before, dict) or not isinstance(after, dict) or before.get("digest") == after.get("digest"):
+def _lock_change(name: str, old: ReportCell, new: ReportCell) -> LockChange | None:
+    before, after = old.lock, new.lock
+    if before is None or after is None or before.digest == after.digest:
         # a report without locks (older, or a cell without one) has nothing to compare
         return None
-    old_packages, new_packages = before.get("packages") or {}, after.get("packages") or {}
+    old_packages, new_packages = before.packages, after.packages
     return LockChange(
         name,
-        str(before.get("digest")),
-        str(after.get("digest")),
+        before.digest,
+        after.digest,
         changed=[
             (package, old_packages[package], new_packages[package])
             for package in sorted(old_packages.keys() & new_packages.keys())
@@ -308,11 +335,11 @@ def _lock_change(name: str, old: dict[str, Any], new: dict[str, Any]) -> LockCha
     )
 
 
-def _bench_index(cell: dict[str, Any], backend: str | None = None) -> dict[str, tuple[str, float]]:
+def _bench_index(cell: ReportCell, backend: str | None = None) -> dict[str, tuple[str, float]]:
     """(label, ms) per benchmark row (of that backend only, if one is named), keyed on op + backend +
-    shape + pass."""
+    shape + pass. The rows are bench.json's as written, older untyped ones among them."""
     index = {}
-    for row in cell.get("bench") or []:
+    for row in cell.bench or []:
         ms = row.get("ms") if isinstance(row, dict) else None
         if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
             row_backend = row.get("backend") or row.get("impl")
@@ -324,16 +351,17 @@ def _bench_index(cell: dict[str, Any], backend: str | None = None) -> dict[str, 
     return index
 
 
-def _slowdowns(name: str, old: dict[str, Any], new: dict[str, Any], threshold: float) -> list[Slowdown]:
+def _slowdowns(name: str, old: ReportCell, new: ReportCell, threshold: float) -> list[Slowdown]:
     before, after = _bench_index(old), _bench_index(new)
     found = [Slowdown(name, label, ms, after[key][1]) for key, (label, ms) in before.items() if key in after]
     return [s for s in found if s.ratio > threshold]
 
 
-def _fastest(cell: dict[str, Any]) -> dict[str, str]:
+def _fastest(cell: ReportCell) -> dict[str, str]:
     """The fastest timed backend per "op pass (shape)"."""
     best: dict[str, tuple[float, str]] = {}
-    for row in speed.cell_rows(cell):
+    rows, _ = speed.parse_rows(cell.bench)
+    for row in rows:
         if row.ms is not None:
             group = f"{row.op} {row.pass_} ({shape_text(row.shape)})"
             if group not in best or row.ms < best[group][0]:
@@ -341,17 +369,17 @@ def _fastest(cell: dict[str, Any]) -> dict[str, str]:
     return {group: backend for group, (_, backend) in best.items()}
 
 
-def _fastest_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[FastestChange]:
+def _fastest_changes(name: str, old: ReportCell, new: ReportCell) -> list[FastestChange]:
     before, after = _fastest(old), _fastest(new)
     return [FastestChange(name, g, before[g], after[g]) for g in before if g in after and before[g] != after[g]]
 
 
-def _kernel_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list[KernelChange]:
-    before = (old.get("peer_kernels") or {}).get("fla")
-    after = (new.get("peer_kernels") or {}).get("fla")
+def _kernel_changes(name: str, old: ReportCell, new: ReportCell) -> list[KernelChange]:
+    # the peers' own sections as the probe wrote them (gdn.backends.fla_choices reads them)
+    before, after = old.peer_kernels.get("fla"), new.peer_kernels.get("fla")
     if before is None and after is None:
         return []
-    old_text, new_text = peers.kernel_text(before), peers.kernel_text(after)
+    old_text, new_text = fla_choices.kernel_text(before), fla_choices.kernel_text(after)
     if old_text == new_text:
         return []
     timed_before, timed_after = _bench_index(old, "fla"), _bench_index(new, "fla")
@@ -363,21 +391,21 @@ def _kernel_changes(name: str, old: dict[str, Any], new: dict[str, Any]) -> list
     return [KernelChange(name, "fla", old_text, new_text, speed_change)]
 
 
-def _violations(cell: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    if cell.get("status") == "not_run":
+def _violations(cell: ReportCell) -> list[tuple[str, Expectation]]:
+    if cell.status == "not_run":
         # the cell's status already says it was not run; its expectations were not tested
         return []
     # ok is None where the cell resolved nothing: not checked, so not violated either
-    return [(cell["name"], e) for e in cell.get("expectations") or [] if e.get("ok") is False]
+    return [(cell.name, e) for e in cell.expectations if e.ok is False]
 
 
-def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+def _compare_cell(diff: ReportDiff, name: str, old: ReportCell, new: ReportCell) -> None:
     diff.backend_changes += _backend_changes(name, old, new)
     failing, passing = _test_changes(name, old, new)
     diff.newly_failing += failing
     diff.newly_passing += passing
-    if old.get("status") != new.get("status"):
-        diff.status_changes.append(StatusChange(name, old.get("status"), new.get("status")))
+    if old.status != new.status:
+        diff.status_changes.append(StatusChange(name, old.status, new.status))
     diff.version_changes += _version_changes(name, old, new)
     lock_change = _lock_change(name, old, new)
     if lock_change is not None:
@@ -385,6 +413,9 @@ def _compare_cell(diff: ReportDiff, name: str, old: dict[str, Any], new: dict[st
     diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
     diff.fastest_changes += _fastest_changes(name, old, new)
     diff.kernel_changes += _kernel_changes(name, old, new)
+    diff.kernel_call_changes += kernel_call_changes(name, old, new)
+    diff.comparison_losses += comparison_losses(name, old, new)
+    diff.accuracy_regressions += accuracy_regressions(name, old, new, diff.accuracy_factor)
 
 
 def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
@@ -413,29 +444,38 @@ def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
                 f"{change.cell}: {change.peer}'s kernel changed ({change.old} → {change.new}) with "
                 + "; ".join(change.with_)
             )
+    found += [loss.text() for loss in diff.comparison_losses]
+    found += [f"accuracy: {r.text()}" for r in diff.accuracy_regressions]
+    failing = {t.cell: t for t in diff.newly_failing}
+    for change in diff.kernel_call_changes:
+        # what a call ran is news; beside a newly failing test of its cell it is the first lead
+        if change.cell in failing:
+            found.append(f"kernel changed: {change.text()}, with {failing[change.cell].test} newly failing")
     return found
 
 
 def diff_reports(
-    old: dict[str, Any],
-    new: dict[str, Any],
+    old: Report,
+    new: Report,
     *,
     slowdown_threshold: float = DEFAULT_THRESHOLD,
     route_changes_regress: bool = False,
     skip_not_run: bool = False,
     pairs: Sequence[tuple[str, str]] = (),
+    accuracy_factor: float = DEFAULT_FACTOR,
 ) -> ReportDiff:
     """What changed from old to new. A backend moving to another backend is a regression; a change of
     route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
     route_changes_regress. With skip_not_run, cells the new report did not run (e.g. self-hosted cells
     skipped for a fork's pull request) are listed as not compared instead of regressing. With pairs,
-    only those (old cell, new cell) pairs are compared, each under the name "old → new"."""
-    diff = ReportDiff(threshold=slowdown_threshold)
+    only those (old cell, new cell) pairs are compared, each under the name "old → new". An accuracy
+    error regresses when it grows past accuracy_factor times its old value and its dtype's floor."""
+    diff = ReportDiff(threshold=slowdown_threshold, accuracy_factor=accuracy_factor)
     before, after = _paired(old, new, pairs) if pairs else (_cells(old), _cells(new))
     diff.cells_added = [name for name in after if name not in before]
     diff.cells_removed = [name for name in before if name not in after]
     for name, cell in after.items():
-        if skip_not_run and cell.get("status") == "not_run":
+        if skip_not_run and cell.status == "not_run":
             diff.not_compared.append(name)
             continue
         if name in before:
@@ -485,6 +525,19 @@ def render_markdown(diff: ReportDiff) -> str:
         "Peer kernels (what the peer itself runs)",
         md_table(["cell", "peer", "old", "new", "its speed", "came with"], kernel_rows) if kernel_rows else [],
     )
+    call_rows = [
+        [c.cell, c.step, c.level, c.function, c.dtype, ", ".join(c.old) or "—", ", ".join(c.new) or "—"]
+        for c in diff.kernel_call_changes
+    ]
+    lines += _section(
+        "Kernels the calls ran (kernels.json)",
+        md_table(["cell", "step", "level", "function", "dtype", "old", "new"], call_rows) if call_rows else [],
+    )
+    lines += _section("Comparisons that compare less", _bullets([loss.text() for loss in diff.comparison_losses]))
+    lines += _section(
+        f"Accuracy: errors grown past {diff.accuracy_factor:g}x (and their dtype's floor)",
+        accuracy_report.regression_markdown(diff.accuracy_regressions),
+    )
     lines += _section(
         "Newly failing tests",
         _bullets([f"{t.cell}: `{t.test}` ({t.outcome}) {(t.message or '')[:200]}" for t in diff.newly_failing]),
@@ -518,16 +571,32 @@ def render_markdown(diff: ReportDiff) -> str:
 # ---------------------------------------------------------------- gdn-matrix diff
 
 
-def load_report(path: Path) -> dict[str, Any]:
-    """The report, validated against its model (gdn.matrix.schema.Report) and with its defaults filled."""
+def _timing_problem(report: Report, path: Path) -> str | None:
+    """Where a benchmark row's `ms` is neither null (not timed) nor a finite number above 0: such a row
+    was left out of the comparison, so a slowdown to NaN, 0 or "fast" passed. The older untyped rows
+    (`impl`, no `backend`) may say "n/a"."""
+    for i, cell in enumerate(report.cells):
+        for j, row in enumerate(cell.bench or []):
+            ms = row.get("ms") if isinstance(row, dict) else None
+            if ms is None or ("backend" not in row and isinstance(ms, str)):
+                continue
+            if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not math.isfinite(ms) or ms <= 0:
+                where = location(("cells", i, "bench", j, "ms"))
+                return f"{path}: {where}: {ms!r} is not a time (a finite number of ms > 0, or null)"
+    return None
+
+
+def load_report(path: Path) -> Report:
+    """The report, validated against its model (gdn.matrix.schema.Report) and with its defaults filled;
+    read within REPORT_FILE_MAX_BYTES, as strict JSON, its timings checked."""
     try:
-        text = path.read_bytes()
-    except OSError as exc:
+        text = read_capped(path, REPORT_FILE_MAX_BYTES, follow_symlinks=True)
+    except (OSError, UnreadableFileError) as exc:
         raise ReportError(f"cannot read report {path}: {exc}") from None
     try:
-        header = json.loads(text)
-    except ValueError as exc:
-        raise ReportError(f"cannot read report {path}: {exc}") from None
+        header = parse_json(text, str(path))
+    except UnreadableFileError as exc:
+        raise ReportError(str(exc)) from None
     if isinstance(header, dict) and header.get("schema") != schema.REPORT_SCHEMA:
         raise ReportError(
             f"{path} has report schema {header.get('schema')!r}; this gdn-matrix reads schema {schema.REPORT_SCHEMA}"
@@ -540,7 +609,10 @@ def load_report(path: Path) -> dict[str, Any]:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise ReportError(f"{path} names these cells more than once: {', '.join(duplicates)}")
-    return asdict(report)
+    problem = _timing_problem(report, path)
+    if problem:
+        raise ReportError(problem)
+    return report
 
 
 def _threshold(text: str) -> float:
@@ -551,6 +623,17 @@ def _threshold(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _factor(text: str) -> float:
+    """A finite factor of at least 1: below 1 every unchanged error would regress."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text!r}")
     return value
 
 
@@ -588,8 +671,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OLD_CELL=NEW_CELL",
         help="compare cell OLD_CELL of OLD with cell NEW_CELL of NEW (repeatable); only the pairs are compared",
     )
+    parser.add_argument(
+        "--accuracy-factor",
+        type=_factor,
+        default=DEFAULT_FACTOR,
+        metavar="X",
+        help=f"an accuracy error that grows past X times its old value (and its dtype's floor) is a regression "
+        f"(default: {DEFAULT_FACTOR:g})",
+    )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
-    parser.add_argument("--output", type=Path, metavar="FILE", help="also write the Markdown to FILE")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="also write the Markdown to FILE, cut to fit a GitHub job summary (standard output has it whole)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -606,6 +702,7 @@ def run(args: argparse.Namespace) -> int:
             route_changes_regress=args.route_changes_regress,
             skip_not_run=args.skip_not_run,
             pairs=args.pair,
+            accuracy_factor=args.accuracy_factor,
         )
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
@@ -617,8 +714,11 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_UNUSABLE
     markdown = diff.to_markdown()
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(markdown)
+        try:
+            atomic_write(args.output, fit_summary(markdown, "diff is in gdn-matrix diff's standard output"))
+        except OSError as exc:
+            print(f"gdn-matrix diff: error: cannot write --output {args.output}: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
     print(markdown, end="")
     return EXIT_REGRESSION if diff.regressions and not args.no_fail else EXIT_OK
 

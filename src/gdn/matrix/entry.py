@@ -1,9 +1,17 @@
 """What runs inside a cell (a container, or the host for host-runtime cells): the probe, then the
-cell's test families under pytest with JUnit output, then the optional benchmark. Everything goes to
-the output directory (see gdn.matrix.results); the exit status says how it went:
+cell's test families under pytest with JUnit output, then the accuracy table, then the optional
+benchmark; gdn's kernel log records what each step's calls ran (kernels.json). Everything goes to the
+output directory (see gdn.matrix.results); the exit status says how it went:
 0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
 
-    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--bench]
+    python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--probe-mode M]
+        [--bench] [--end-with-stdin]
+
+With --end-with-stdin the runner holds the other end of the entry's stdin and never writes to it: when
+the pipe closes, the runner is gone (killed outright: SIGKILL, the OOM killer, a hard cancel, which it
+cannot answer), and the entry kills its whole process group, pytest and everything a test started with
+it, then itself. In a container the pipe is the container's stdin, which the engine closes when the
+runner's attachment to it ends.
 """
 
 from __future__ import annotations
@@ -13,14 +21,17 @@ import contextlib
 import importlib.util
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from gdn.matrix import outcomes
+from gdn.matrix import kernels, outcomes
+from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.results import FAMILY_MARKERS
 
@@ -31,7 +42,8 @@ PYTEST_NO_TESTS = 5
 def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict:
     print(f"== {name}: {' '.join(command)}", flush=True)
     started = time.monotonic()
-    code = subprocess.call(command, cwd=cwd, env=env)
+    # stdin stays the entry's: the pipe from the runner, which it alone watches
+    code = subprocess.call(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL)
     return {"step": name, "exit_code": code, "duration_s": round(time.monotonic() - started, 2)}
 
 
@@ -39,6 +51,7 @@ def _pytest_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
     command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
     command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={args.out / outcomes.FILE}"]
+    command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels.OPTION}={args.out / kernels.FILE}"]
     if importlib.util.find_spec("xdist") is not None:
         command += ["-n", os.environ.get("GDN_TEST_WORKERS", "auto")]
     return command
@@ -55,7 +68,19 @@ def share_with_group(out: Path) -> None:
             path.chmod(stat.S_IMODE(path.stat().st_mode) | extra)
 
 
+def _watch_the_runner() -> None:
+    """Kill this process group, this process last, once stdin reaches its end: the runner that holds the
+    pipe's other end has died (see the module's docstring)."""
+    while os.read(0, 1 << 16):  # the runner writes nothing; b"" is its end
+        pass
+    # In a container this process is PID 1, which its own group's SIGKILL does not reach.
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+    os._exit(128 + signal.SIGKILL)
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.end_with_stdin:
+        threading.Thread(target=_watch_the_runner, name="gdn-runner-watch", daemon=True).start()
     try:
         return _run(args)
     finally:
@@ -64,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1"}
+    # unbuffered: a container's or a CI log shows the tests as they finish, not all at once at the end
+    env = {**os.environ, "GDN_COMPUTE_MODE": args.mode, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
     # The source may be mounted read-only: run from a scratch directory (hypothesis keeps its
     # database in the working directory).
     scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"gdn-cell-{args.cell}"
@@ -72,28 +98,26 @@ def _run(args: argparse.Namespace) -> int:
     steps = [
         _step(
             "manifest",
-            [sys.executable, "-m", "gdn.manifest", "--output", str(args.out / "manifest.json")],
+            [sys.executable, "-m", "gdn.matrix.probe", "--output", str(args.out / "manifest.json")],
             scratch,
-            env,
+            {**env, "GDN_COMPUTE_MODE": args.probe_mode or args.mode},
         )
     ]
     manifest_path = args.out / "manifest.json"
     if manifest_path.exists():
         write_json(args.out / "resolution.json", json.loads(manifest_path.read_text()).get("resolution", []))
+    # The accuracy table runs before the tests: a failing cell's log then ends with pytest's failures,
+    # which its log tail (the report's reason) must show, not with the table's rows.
+    accuracy = [sys.executable, "-m", "gdn.matrix.accuracy", "--output", str(args.out / ACCURACY)]
+    steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / kernels.FILE)], scratch, env))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
     if args.bench:
-        bench_cmd = [sys.executable, "-m", "bench.cell", "--matrix-out", str(args.out / "bench.json")]
-        steps.append(
-            _step(
-                "bench",
-                bench_cmd,
-                SOURCE_ROOT,
-                {**env, "PYTHONPATH": os.pathsep.join([str(SOURCE_ROOT), env.get("PYTHONPATH", "")])},
-            )
-        )
+        bench_cmd = [sys.executable, "-m", "gdn.matrix.bench", "--matrix-out", str(args.out / "bench.json")]
+        bench_cmd += ["--kernels", str(args.out / kernels.FILE)]
+        steps.append(_step("bench", bench_cmd, scratch, env))
     write_json(args.out / "entry.json", {"cell": args.cell, "families": args.families, "steps": steps})
     codes = {s["step"]: s["exit_code"] for s in steps}
-    if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes.get("bench", 0) != 0:
+    if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes["accuracy"] != 0 or codes.get("bench", 0) != 0:
         return 2
     return codes["pytest"]
 
@@ -112,8 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="the cell's results directory")
     parser.add_argument("--families", type=_families, default=list(FAMILY_MARKERS))
     parser.add_argument("--mode", default="auto", help="gdn compute mode for the probe and the tests")
+    parser.add_argument("--probe-mode", help="gdn compute mode for the probe alone (default: --mode)")
     parser.add_argument("--bench", action="store_true", help="also run the benchmarks (GPU cells)")
     parser.add_argument("--tests", type=Path, default=SOURCE_ROOT / "tests")
+    parser.add_argument(
+        "--end-with-stdin",
+        action="store_true",
+        help="end the whole process group when stdin closes (the runner holds its other end)",
+    )
     return parser
 
 

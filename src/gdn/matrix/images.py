@@ -25,12 +25,16 @@ from typing import Any
 
 from gdn.matrix import devices
 from gdn.matrix.config import Cell
-from gdn.matrix.lock import LockError, read_lock
+from gdn.matrix.lock import LockError, platform_of, read_lock
+from gdn.matrix.lockfile import LockFileError
 
 TAG_REPOSITORY = "gdn-matrix"
 # The image's whole content hash; the tag holds only its first 12 digits, and any image may be tagged
 # with anything, so an image is reused only when its label says it is this content.
 CONTENT_LABEL = "org.gdn-matrix.content-hash"
+# Each cell container is labelled with the cell's staging directory: one left by a runner that died
+# (a container outlives its client) is removed by the next run of that cell.
+RUN_LABEL = "org.gdn-matrix.run"
 CA_BUNDLE_ENV = "GDN_CA_BUNDLE"
 SYSTEM_CA_BUNDLES = (Path("/etc/ssl/certs/ca-certificates.crt"), Path("/etc/pki/tls/certs/ca-bundle.crt"))
 # The cell's lock (config.cell_files' "lock") under this name in the build context.
@@ -282,15 +286,26 @@ def _summary(error: str) -> str:
     return match.group(0) if match else error.strip()
 
 
-def _unrecorded_wheels(cell: Cell, files: dict[str, Path]) -> str | None:
-    """Why the image cannot be built from its lock, when a wheelhouse file's hash was not recorded:
-    an image installs nothing it cannot verify."""
+def _lock_refusal(cell: Cell, files: dict[str, Path]) -> str | None:
+    """Why the image cannot be built from its lock: a lock that is not whole and untouched (any line
+    that is not the format's: a pip option line could send pip to another index), one made for
+    another cell, platform or Python, or one that records no hash for a wheelhouse file (an image
+    installs nothing it cannot verify). Checked before docker is asked anything."""
     if "lock" not in files:
         return None
     try:
-        unrecorded = read_lock(files["lock"]).unrecorded
+        lock = read_lock(files["lock"])
     except LockError as exc:
         return f"cell {cell.name}: {exc}"
+    except LockFileError as exc:
+        return f"cell {cell.name}: {files['lock']} is not a whole gdn-matrix lock: {exc}"
+    made_for = (lock.cell, lock.platform, lock.python)
+    if made_for != (cell.name, platform_of(cell), cell.versions.python):
+        return (
+            f"cell {cell.name}: {files['lock']} was made for cell {lock.cell}, {lock.platform}, Python {lock.python}; "
+            f"refresh it with `gdn-matrix lock {cell.name}`"
+        )
+    unrecorded = lock.unrecorded
     if not unrecorded:
         return None
     names = ", ".join(f.file for f in unrecorded)
@@ -307,9 +322,9 @@ def build_image(
     import docker
     import requests
 
-    unverifiable = _unrecorded_wheels(cell, files)
-    if unverifiable:
-        raise ImageBuildError(unverifiable, "")
+    refusal = _lock_refusal(cell, files)
+    if refusal:
+        raise ImageBuildError(refusal, "")
     extras = context_files(root)
     content = content_hash(cell, files, extras, base_image_id(client, cell, log))
     tag = image_tag(cell, content)
@@ -418,6 +433,13 @@ def _follow(container: Any, timeout_s: float, tail: _LineTail) -> RunResult:
     return RunResult(exit_code=int(status["StatusCode"]), timed_out=False, log_tail=tail.text)
 
 
+def _remove_left_over(client: Any, run_of: str, tail: _LineTail) -> None:
+    """Containers of earlier runs of the cell (its guard is held, so their runners are dead)."""
+    for container in client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_of}"}):
+        tail.feed(f"[gdn-matrix: removing {container.name}, left by a run of this cell whose runner died]\n")
+        container.remove(force=True)
+
+
 def run_container(
     client: Any,
     cell: Cell,
@@ -430,12 +452,17 @@ def run_container(
 ) -> RunResult:
     """Run `command` in the cell's image: source read-only at /src, `out_dir` at /results, no network
     (a test that reaches out should fail, not hang), the cell's devices, its timeout. `log` gets each
-    line as it comes, from a reader thread. A container that cannot start gives exit_code None."""
+    line as it comes, from a reader thread. A container that cannot start gives exit_code None.
+
+    The container's stdin is attached to this process and closed by the engine when this process's
+    attachment ends: if the runner dies outright, the cell entry sees its stdin end and ends its
+    processes (entry --end-with-stdin), and the next run of the cell removes the container."""
     import docker
     import requests
 
     options = container_options(cell)
     prepare_results_dir(out_dir)
+    run_of = str(out_dir.resolve().parent)
     volumes = {
         **options.pop("volumes"),
         str(root.resolve()): {"bind": SRC_MOUNT, "mode": "ro"},
@@ -443,11 +470,20 @@ def run_container(
     }
     environment = {**options.pop("environment"), **RUN_ENV, **cell.env}
     tail = _LineTail(log)
-    container = None
+    container = stdin = None
     try:
+        _remove_left_over(client, run_of, tail)
         container = client.containers.create(
-            tag, command, volumes=volumes, environment=environment, network_mode="none", **options
+            tag,
+            command,
+            volumes=volumes,
+            environment=environment,
+            network_mode="none",
+            stdin_open=True,  # and, as the SDK sets it with this, StdinOnce: closed when we detach
+            labels={RUN_LABEL: run_of},
+            **options,
         )
+        stdin = container.attach_socket(params={"stdin": 1, "stream": 1})
         container.start()
         return _follow(container, cell.timeout_s, tail)
     except (docker.errors.DockerException, requests.RequestException) as exc:
@@ -455,6 +491,9 @@ def run_container(
         tail.feed(f"[gdn-matrix: the container failed: {exc}]\n")
         return RunResult(exit_code=None, timed_out=False, log_tail=tail.text)
     finally:
+        if stdin is not None:
+            with contextlib.suppress(OSError):
+                stdin.close()
         if container is not None:
             with contextlib.suppress(docker.errors.DockerException, requests.RequestException):
                 container.remove(force=True)

@@ -3,26 +3,20 @@
 `gdn-matrix lock [CELL ...]` resolves each cell's pins (matrix.yaml `versions`) and the test tools
 (docker/requirements-test.txt) with uv for the cell's platform and writes locks/<cell>.txt, which the
 image installs with `pip install --require-hashes --no-deps`. `gdn-matrix lock --check [CELL ...]`
-proves that every pin exists for its platform and that each committed lock still satisfies its
-cell's pins; it does not fail merely because the index has newer versions (that is what `lock` is
-for). Exit status: 0 ok, 1 a check or resolution failed, 2 unusable input.
+proves that every pin exists for its platform and that each committed lock is whole and still fits
+its cell: every line of the format (gdn.matrix.lockfile), the body's digest, the cell's pins and
+inputs, and each package's hashes among the files of that release on the index (or the wheelhouse
+file's). It does not fail merely because the index has newer versions (that is what `lock` is for).
+Exit status: 0 ok, 1 a check or resolution failed, 2 unusable input.
 
-A lock file is a pip requirements file with a header of `# key: value` lines:
-
-    # cell: npu-2610
-    # platform: aarch64-manylinux_2_28
-    # python: 3.11
-    # uv: 0.13.9
-    # inputs: sha256:<digest of what was locked: pins, test tools, overrides, wheel names, platform>
-    # wheelhouse: <file> sha256:<hex>   (or: hash not recorded: file absent when locked)
-
-then uv's resolution, then one hashed line per wheelhouse file whose hash is recorded.
+The body of a lock is uv's resolution, then one hashed line per wheelhouse file whose hash is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -47,20 +41,24 @@ from gdn.matrix.config import (
     lock_path,
     wheelhouse_dir,
 )
+from gdn.matrix.jsonio import UnreadableFileError, read_capped
+from gdn.matrix.lockfile import NOT_RECORDED, Lock, LockFileError, parse_body, parse_lock, render_header
 
 TEST_REQUIREMENTS = Path("docker/requirements-test.txt")
 # Pins a cell takes over what its other packages' metadata allows: a cuda cell pairs torch with a
 # Triton other than the one torch pins (cuda-triton39 runs the index's latest over torch 2.13).
 OVERRIDE_KEYS = ("triton",)
-NOT_RECORDED = "hash not recorded: file absent when locked"
 # Without it uv fetches a CPython from GitHub for the target Python, which a CI machine may not reach.
 UV_ENV = {"UV_PYTHON_DOWNLOADS": "never", "NO_COLOR": "1"}
 INPUT_NAME = "cell.in"
+# The largest lock is about 100 kB.
+LOCK_MAX_BYTES = 4 << 20
 
 
 class LockError(Exception):
     """Input the lock cannot be made or checked from (exit status 2): uv missing or failing for
-    another reason than an unsatisfiable pin, a wheel file the resolution needs but cannot find."""
+    another reason than an unsatisfiable pin, a wheel file the resolution needs but cannot find, a lock
+    file that cannot be read at all."""
 
 
 class ResolutionError(Exception):
@@ -124,36 +122,6 @@ class LockInputs(_Frozen):
         lines += [f"override {r}" for r in self.overrides()]
         lines += [f"wheelhouse {pin.wheel}" for pin in self.wheelhouse_pins]
         return "sha256:" + hashlib.sha256("\n".join(lines).encode()).hexdigest()
-
-
-class WheelhouseFile(_Frozen):
-    file: str
-    name: str
-    version: str
-    sha256: str | None
-
-
-class Lock(_Frozen):
-    """A lock file read back."""
-
-    cell: str
-    platform: str
-    python: str
-    uv: str
-    inputs: str
-    # sha256 of the whole file: what the report shows and the image tag covers
-    digest: str
-    # canonical distribution name -> version, wheelhouse files included
-    packages: dict[str, str]
-    wheelhouse: tuple[WheelhouseFile, ...] = ()
-
-    @property
-    def unrecorded(self) -> tuple[WheelhouseFile, ...]:
-        return tuple(f for f in self.wheelhouse if f.sha256 is None)
-
-    def summary(self) -> dict[str, object]:
-        """What a cell's report entry carries: {"digest", "packages"}."""
-        return {"digest": self.digest, "packages": dict(sorted(self.packages.items()))}
 
 
 # ---------------------------------------------------------------- inputs
@@ -310,7 +278,10 @@ def _resolve(inputs: LockInputs, wheelhouse: Path, index_args: Sequence[str]) ->
 
 def render_lock(inputs: LockInputs, resolution: str, wheelhouse: Path, uv: str) -> str:
     """The lock file's text; a wheelhouse file present now gets its hash recorded."""
-    resolved = parse_packages(resolution)
+    requirements, problems = parse_body(resolution)
+    if problems:
+        raise LockError(f"cell {inputs.cell}: uv's resolution is not a lock body: {'; '.join(problems[:5])}")
+    resolved = {r.name: r.version for r in requirements}
     for pin in inputs.wheelhouse_pins:
         name = canonicalize_name(pin.distribution)
         if name in resolved:
@@ -318,85 +289,34 @@ def render_lock(inputs: LockInputs, resolution: str, wheelhouse: Path, uv: str) 
                 f"cell {inputs.cell}: {pin.distribution} is a wheelhouse pin, yet the index resolution also "
                 f"brings {pin.distribution}=={resolved[name]} as a dependency"
             )
-    header = [
-        f"# Lock of the gdn-matrix cell {inputs.cell}: refresh with `gdn-matrix lock {inputs.cell}`.",
-        f"# cell: {inputs.cell}",
-        f"# platform: {inputs.platform}",
-        f"# python: {inputs.python}",
-        f"# uv: {uv}",
-        f"# inputs: {inputs.digest}",
+    fields = [
+        ("cell", inputs.cell),
+        ("platform", inputs.platform),
+        ("python", inputs.python),
+        ("uv", uv),
+        ("inputs", inputs.digest),
     ]
     hashed = []
     for pin in inputs.wheelhouse_pins:
         path = wheelhouse / pin.wheel
         if path.is_file():
             sha = _sha256(path)
-            header.append(f"# wheelhouse: {pin.wheel} sha256:{sha}")
+            fields.append(("wheelhouse", f"{pin.wheel} sha256:{sha}"))
             hashed.append(f"{pin.requirement} \\\n    --hash=sha256:{sha}\n    # from the wheelhouse: {pin.wheel}")
         else:
-            header.append(f"# wheelhouse: {pin.wheel} {NOT_RECORDED}")
-    body = resolution.rstrip("\n") + "\n"
-    return "\n".join(header) + "\n" + body + "".join(line + "\n" for line in hashed)
-
-
-REQUIREMENT_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
-
-
-def parse_packages(text: str) -> dict[str, str]:
-    """{canonical name: version} of the `name==version` lines of a requirements text."""
-    packages = {}
-    for line in text.splitlines():
-        match = REQUIREMENT_LINE.match(line)
-        if match:
-            packages[canonicalize_name(match.group(1))] = match.group(2)
-    return packages
-
-
-def _header(text: str) -> dict[str, list[str]]:
-    fields: dict[str, list[str]] = {}
-    for line in text.splitlines():
-        match = re.match(r"^# (cell|platform|python|uv|inputs|wheelhouse): (.+)$", line)
-        if match:
-            fields.setdefault(match.group(1), []).append(match.group(2).strip())
-    return fields
-
-
-def _wheelhouse_entry(path: Path, value: str) -> WheelhouseFile:
-    file, _, rest = value.partition(" ")
-    try:
-        name, version, _, _ = parse_wheel_filename(file)
-    except ValueError as exc:
-        raise LockError(f"{path}: wheelhouse entry {value!r}: {exc}") from None
-    sha = rest[len("sha256:") :] if rest.startswith("sha256:") else None
-    if sha is None and rest != NOT_RECORDED:
-        raise LockError(f"{path}: wheelhouse entry {value!r}: expected 'sha256:<hex>' or {NOT_RECORDED!r}")
-    return WheelhouseFile(file=file, name=name, version=str(version), sha256=sha)
+            fields.append(("wheelhouse", f"{pin.wheel} {NOT_RECORDED}"))
+    body = resolution.rstrip("\n") + "\n" + "".join(line + "\n" for line in hashed)
+    return render_header(fields, body, inputs.cell) + body
 
 
 def read_lock(path: Path) -> Lock:
-    """The lock file at `path`; LockError when it is unreadable or its header is incomplete."""
+    """The lock file at `path`: LockError when it cannot be read (exit 2), LockFileError naming every
+    line at fault when it is not a whole, untouched lock."""
     try:
-        data = path.read_bytes()
-    except OSError as exc:
+        data = read_capped(path, LOCK_MAX_BYTES, follow_symlinks=True)
+    except (OSError, UnreadableFileError) as exc:
         raise LockError(f"cannot read the lock {path}: {exc}") from None
-    text = data.decode()
-    fields = _header(text)
-    absent = [key for key in ("cell", "platform", "python", "uv", "inputs") if key not in fields]
-    if absent:
-        raise LockError(f"{path}: not a gdn-matrix lock (header lacks {', '.join(absent)})")
-    wheelhouse = tuple(_wheelhouse_entry(path, value) for value in fields.get("wheelhouse", []))
-    packages = parse_packages(text)
-    packages.update({f.name: f.version for f in wheelhouse})
-    return Lock(
-        cell=fields["cell"][0],
-        platform=fields["platform"][0],
-        python=fields["python"][0],
-        uv=fields["uv"][0],
-        inputs=fields["inputs"][0],
-        digest="sha256:" + hashlib.sha256(data).hexdigest(),
-        packages=packages,
-        wheelhouse=wheelhouse,
-    )
+    return parse_lock(data)
 
 
 def lock_summary(matrix: Matrix, cell: Cell, root: Path) -> dict[str, object] | None:
@@ -407,7 +327,7 @@ def lock_summary(matrix: Matrix, cell: Cell, root: Path) -> dict[str, object] | 
         return None
     try:
         return read_lock(path).summary()
-    except LockError:
+    except (LockError, LockFileError):
         return None
 
 
@@ -435,14 +355,9 @@ def _satisfies(locked: str | None, pinned: str) -> bool:
         return locked == pinned
 
 
-def stale_lock(matrix: Matrix, cell: Cell, inputs: LockInputs, root: Path) -> list[str]:
-    """Where the committed lock no longer fits the cell: missing, another platform or Python, a pin it
-    does not satisfy, or inputs changed since it was made. Never the index's newer versions."""
-    path = lock_path(matrix, cell, root)
-    shown = path.relative_to(root) if path.is_relative_to(root) else path
-    if not path.is_file():
-        return [f"cell {cell.name}: no lock file {shown}; make it with `gdn-matrix lock {cell.name}`"]
-    lock = read_lock(path)
+def stale_lock(cell: Cell, inputs: LockInputs, lock: Lock, shown: Path) -> list[str]:
+    """Where the committed lock no longer fits the cell: another platform or Python, a pin it does not
+    satisfy, or inputs changed since it was made. Never the index's newer versions."""
     problems = [
         f"cell {cell.name}: {shown} is for {what} {got}, the cell is {want}"
         for what, got, want in (
@@ -469,9 +384,103 @@ def stale_lock(matrix: Matrix, cell: Cell, inputs: LockInputs, root: Path) -> li
     return problems
 
 
-def check_cell(matrix: Matrix, cell: Cell, root: Path, index_args: Sequence[str] = ()) -> list[str]:
+def _find_links_hashes(index_args: Sequence[str]) -> dict[tuple[str, str], set[str]]:
+    """{(name, version): sha256s} of the wheels in the --find-links directories: uv lists no hashes of
+    such files when it need not read them (--no-deps)."""
+    found: dict[tuple[str, str], set[str]] = {}
+    directories = [Path(value) for option, value in itertools.pairwise(index_args) if option == "--find-links"]
+    for directory in directories:
+        for path in directory.glob("*.whl"):
+            try:
+                name, version, _, _ = parse_wheel_filename(path.name)
+            except ValueError:
+                continue
+            found.setdefault((name, str(version)), set()).add(_sha256(path))
+    return found
+
+
+def _index_hashes(
+    inputs: LockInputs, requirements: list[str], index_args: Sequence[str]
+) -> dict[str, tuple[str, set[str]]]:
+    """{name: (version, sha256s)} of the files the index (and the --find-links directories) have for each
+    `name==version` of `requirements`, for the cell's platform and Python; one they lack is left out."""
+    if not requirements:
+        return {}
+    run = _uv_compile(requirements, inputs.platform, inputs.python, index_args, ["--no-deps", "--generate-hashes"])
+    if run.returncode != 0:
+        if not _unsatisfiable(run):
+            raise LockError(f"cell {inputs.cell}: uv failed: {_uv_reason(run.stderr) or run.stdout.strip()}")
+        if len(requirements) == 1:
+            return {}
+        found = {}
+        for requirement in requirements:
+            found.update(_index_hashes(inputs, [requirement], index_args))
+        return found
+    listed, _ = parse_body(run.stdout)  # local files come without hashes: added below
+    local = _find_links_hashes(index_args)
+    return {r.name: (r.version, set(r.hashes) | local.get((r.name, r.version), set())) for r in listed}
+
+
+def hash_problems(
+    lock: Lock, inputs: LockInputs, wheelhouse: Path, index_args: Sequence[str] = ()
+) -> tuple[list[str], list[str]]:
+    """(problems, notes): each hash of the lock must be a file of its package's release, as the index
+    lists them for the cell's platform, or the wheelhouse file it was taken from. A new file of a
+    release (a wheel uploaded later) fails nothing; a hash of no file of the release does. The notes
+    say what could not be verified here (a wheelhouse file that is absent)."""
+    problems, notes = [], []
+    for pin in inputs.pins:
+        name = canonicalize_name(pin.distribution)
+        path = wheelhouse / pin.wheel if pin.wheel else None
+        listed = lock.hashes.get(name)
+        if path is None or not listed:
+            continue  # not from the wheelhouse, or its hash not recorded (no image is built so)
+        if not path.is_file():
+            notes.append(f"{pin.distribution}'s hash not verified here: {pin.wheel} is not in the wheelhouse")
+            continue
+        sha = _sha256(path)
+        if list(listed) != [sha]:
+            problems.append(
+                f"line {lock.lines[name]}: {name}=={lock.packages[name]}: its hashes are not the wheelhouse file "
+                f"{pin.wheel}'s sha256:{sha[:12]}…"
+            )
+    from_files = {canonicalize_name(pin.distribution) for pin in inputs.pins if pin.wheel}
+    asked = {name: lock.packages[name] for name in lock.hashes if name not in from_files}
+    index = _index_hashes(inputs, [f"{name}=={version}" for name, version in asked.items()], index_args)
+    for name, version in asked.items():
+        found = index.get(name)
+        if found is None or Version(found[0]) != Version(version):
+            problems.append(
+                f"line {lock.lines[name]}: {name}=={version} is not on the index for {inputs.platform} / "
+                f"CPython {inputs.python}"
+            )
+            continue
+        problems += [
+            f"line {line}: sha256:{digest[:12]}… is no file of {name} {version} on the index"
+            for digest, line in lock.hashes[name].items()
+            if digest not in found[1]
+        ]
+    return problems, notes
+
+
+def check_cell(matrix: Matrix, cell: Cell, root: Path, index_args: Sequence[str] = ()) -> tuple[list[str], list[str]]:
+    """(problems, notes) of the cell's pins and committed lock; see the module's docstring."""
     inputs = lock_inputs(cell, root)
-    return missing_pins(inputs, index_args) + stale_lock(matrix, cell, inputs, root)
+    problems = missing_pins(inputs, index_args)
+    path = lock_path(matrix, cell, root)
+    shown = path.relative_to(root) if path.is_relative_to(root) else path
+    if not path.is_file():
+        return [*problems, f"cell {cell.name}: no lock file {shown}; make it with `gdn-matrix lock {cell.name}`"], []
+    try:
+        lock = read_lock(path)
+    except LockFileError as exc:
+        problems += [f"cell {cell.name}: {shown} {problem}" for problem in exc.problems]
+        if exc.lock is None:
+            return problems, []
+        lock = exc.lock  # well formed, yet not as made: the index says which lines differ
+    problems += stale_lock(cell, inputs, lock, shown)
+    found, notes = hash_problems(lock, inputs, wheelhouse_dir(matrix, root), index_args)
+    return [*problems, *(f"cell {cell.name}: {shown} {problem}" for problem in found)], notes
 
 
 # ---------------------------------------------------------------- gdn-matrix lock
@@ -516,18 +525,19 @@ def run(args: argparse.Namespace) -> int:
     for cell in cells:
         try:
             if args.check:
-                problems = check_cell(matrix, cell, root, index_args)
+                problems, notes = check_cell(matrix, cell, root, index_args)
                 for problem in problems:
                     print(problem, file=sys.stderr)
                 failed = failed or bool(problems)
-                print(f"cell {cell.name}: {'lock check failed' if problems else 'ok'}")
+                said = "lock check failed" if problems else "ok"
+                print(f"cell {cell.name}: {said}" + (f" ({'; '.join(notes)})" if notes else ""))
             else:
                 path = lock_cell(matrix, cell, root, index_args)
                 print(f"cell {cell.name}: locked {path.relative_to(root) if path.is_relative_to(root) else path}")
         except ResolutionError as exc:
             print(str(exc), file=sys.stderr)
             failed = True
-        except LockError as exc:
+        except (LockError, MatrixConfigError) as exc:
             print(f"gdn-matrix lock: {exc}", file=sys.stderr)
             return 2
     return 1 if failed else 0

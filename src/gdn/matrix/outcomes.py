@@ -6,15 +6,20 @@ loads this plugin (`-p gdn.matrix.outcomes --gdn-outcomes results/<cell>/tests.j
 reads the file back when the run ends early. Under pytest-xdist only the controlling process writes
 (the workers' reports reach it).
 
-A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s"}.
+A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s",
+"kernels", "comparison"}: a failed or errored test carries the calls it made and what they ran (where
+gdn.matrix.kernels_plugin records them), and a test that compares a backend with another carries what it
+compared (the `gdn_comparison` property: the mode, the ops it served, the ops that fell back and why).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, parse_json, read_capped
 
 if TYPE_CHECKING:  # the runner and the report read the file back without pytest
     import pytest
@@ -23,6 +28,10 @@ OPTION = "--gdn-outcomes"
 FILE = "tests.jsonl"
 MESSAGE_CHARS = 300
 OUTCOMES = ("passed", "failed", "error", "skipped")
+# the user property by which a test says what a backend comparison compared (JSON: {"mode": ...,
+# "compared": [op, ...], "fell_back": {op: why}}), and the report attribute of the kernels plugin
+COMPARISON = "gdn_comparison"
+KERNELS = "gdn_kernels"
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,8 @@ class FinishedTest:
     family: str | None = None
     message: str | None = None
     duration_s: float = 0.0
+    kernels: list[dict[str, Any]] | None = None
+    comparison: dict[str, Any] | None = None
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -59,13 +70,16 @@ def finished(report: pytest.TestReport) -> FinishedTest | None:
     message = getattr(crash, "message", None)
     if message is None and isinstance(report.longrepr, tuple):  # a skip: (file, line, reason)
         message = str(report.longrepr[-1])
-    family = dict(report.user_properties).get("family")
+    properties = dict(report.user_properties)
+    comparison = properties.get(COMPARISON)
     return FinishedTest(
         nodeid=report.nodeid,
         outcome=outcome,
-        family=family,
+        family=properties.get("family"),
         message=message[:MESSAGE_CHARS] if message else None,
         duration_s=round(report.duration, 3),
+        kernels=getattr(report, KERNELS, None) if outcome in ("failed", "error") else None,
+        comparison=json.loads(comparison) if isinstance(comparison, str) else None,
     )
 
 
@@ -86,12 +100,20 @@ class OutcomeWriter:
 
 def read_finished(path: Path) -> list[FinishedTest]:
     """The tests a run finished, in the order they finished; a line that is not a finished test (the
-    last one, cut short by the end of the run) is left out."""
+    last one, cut short by the end of the run) is left out. Read within the results files' cap, and
+    only as a regular file (OSError, or UnreadableFileError, where it is not one)."""
+    try:
+        data = read_capped(path, RESULTS_FILE_MAX_BYTES)
+    except FileNotFoundError:
+        return []
     tests = []
-    for line in path.read_text().splitlines() if path.exists() else []:
+    known = {f.name for f in fields(FinishedTest)}
+    for line in data.decode("utf-8", "replace").splitlines():
         try:
-            test = FinishedTest(**json.loads(line))
-        except (ValueError, TypeError):
+            found = parse_json(line, path.name)
+            # keys a newer writer adds are left out, as every results file's reader leaves them
+            test = FinishedTest(**{k: v for k, v in found.items() if k in known})
+        except (ValueError, TypeError, AttributeError):
             continue
         if test.outcome in OUTCOMES:
             tests.append(test)

@@ -5,7 +5,7 @@
                       hardware or with stand-ins, the runtime it ran in beside matrix.yaml's, and its pins
                       that the environment lacked
     interrupted.json  a run stopped by a signal, beside the last complete run (which it never replaces)
-    manifest.json     `python -m gdn.manifest --json` inside the cell (versions, devices, resolutions)
+    manifest.json     `python -m gdn.matrix.probe` inside the cell (versions, devices, resolutions)
     resolution.json   the resolution records alone (gdn.resolutions())
     junit.xml         pytest --junitxml
     tests.jsonl       each test's outcome as it finished (gdn.matrix.outcomes): what a run that ended early
@@ -14,21 +14,27 @@
     log.txt           everything the cell printed
 
 Reading never fails as a whole: a missing, malformed or invalid file becomes a problem noted on that
-cell, and every other file (and every other cell) is still read.
+cell, and every other file (and every other cell) is still read. Every file is read within a size cap
+and only when it is a regular file (gdn.matrix.jsonio): a symlink to /dev/zero or a FIFO is refused
+before a byte is read.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gdn.matrix.accuracy import FILE as ACCURACY
+from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, UnreadableFileError, read_capped
+from gdn.matrix.kernels import FILE as KERNELS
 from gdn.matrix.outcomes import FILE as OUTCOMES
 from gdn.matrix.outcomes import FinishedTest, read_finished
 from gdn.matrix.schema import (
+    AccuracyFile,
     BenchFile,
     CellOutcome,
     InterruptedRun,
+    KernelsFile,
     Manifest,
     ResolutionRecord,
     SchemaError,
@@ -38,6 +44,23 @@ from gdn.matrix.schema import (
 
 FAMILY_MARKERS = ("probe", "single_op", "shape_grid", "grpo")
 INTERRUPTED = "interrupted.json"
+JUNIT = "junit.xml"
+# How bad each status is, worse higher: evidence may make a cell worse than its cell.json says, and
+# a diff counts a move up as a regression. not_run is worst: nothing about the cell is known any more.
+STATUS_RANK = {
+    "passed": 0,
+    "failed": 1,
+    "error": 2,
+    "timeout": 2,
+    "build_failed": 3,
+    "not_run": 4,
+    "interrupted": 4,
+}
+
+
+def status_of(exit_code: int | None) -> str:
+    """What the cell entry's exit status says (gdn.matrix.entry): 0 passed, 1 tests failed, else error."""
+    return {0: "passed", 1: "failed"}.get(exit_code, "error")
 
 
 @dataclass
@@ -62,23 +85,37 @@ class CellResults:
     # the manifest as written, once it validated: the report reads sections the model leaves open
     manifest: dict | None = None
     resolution: list[ResolutionRecord] = field(default_factory=list)
+    # junit.xml's tests; where it is missing, those tests.jsonl recorded
     tests: list[TestCase] = field(default_factory=list)
+    # whether a junit.xml is there (read or not), and what tests.jsonl recorded beside it
+    junit_found: bool = False
+    recorded: list[TestCase] = field(default_factory=list)
     bench: BenchFile | None = None
+    # tests.jsonl's lines as written: a failing test's kernels, a comparison's ops
+    finished: list[FinishedTest] = field(default_factory=list)
+    kernels: KernelsFile | None = None
+    accuracy: AccuracyFile | None = None
     invalid: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
 
-def _load(results: CellResults, directory: Path, name: str, model):
-    """The file validated as `model`; None when it is absent or does not validate (noted on the cell)."""
+def _present(path: Path) -> bool:
+    """Whether anything is there, a dangling symlink included: reading it says what is wrong with it."""
+    return path.is_symlink() or path.exists()
+
+
+def _load(results: CellResults, directory: Path, name: str, model) -> tuple[object, object]:
+    """The file validated as `model` and its JSON; (None, None) when it is absent or does not validate
+    (noted on the cell)."""
     path = directory / name
-    if not path.exists():
-        return None
+    if not _present(path):
+        return None, None
     try:
         return load_file(model, path)
     except SchemaError as exc:
         results.invalid.append(str(exc))
         results.problems.append(str(exc))
-        return None
+        return None, None
 
 
 def _family(case) -> str | None:
@@ -93,11 +130,15 @@ def _family(case) -> str | None:
 
 
 def read_junit(path: Path) -> list[TestCase]:
-    """Test cases of a pytest JUnit file; raises ValueError when it cannot be parsed."""
+    """Test cases of a pytest JUnit file; raises ValueError when it cannot be read or parsed."""
     from junitparser import Error, Failure, JUnitXml, Skipped
 
     try:
-        xml = JUnitXml.fromfile(str(path))
+        data = read_capped(path, RESULTS_FILE_MAX_BYTES)
+    except OSError as exc:
+        raise ValueError(f"{path.name} is unreadable: {exc}") from None
+    try:
+        xml = JUnitXml.fromstring(data)
     except Exception as exc:  # junitparser surfaces lxml / ElementTree errors of several types
         raise ValueError(f"{path.name} is not valid JUnit XML: {exc}") from exc
     suites = xml if hasattr(xml, "__iter__") and not hasattr(xml, "classname") else [xml]
@@ -143,30 +184,37 @@ def test_case(test: FinishedTest) -> TestCase:
 
 def read_cell(directory: Path) -> CellResults:
     results = CellResults(name=directory.name)
-    results.outcome = _load(results, directory, "cell.json", CellOutcome)
-    results.interrupted = _load(results, directory, INTERRUPTED, InterruptedRun)
-    if not (directory / "cell.json").exists() and results.interrupted is None:
+    results.outcome, _ = _load(results, directory, "cell.json", CellOutcome)
+    results.interrupted, _ = _load(results, directory, INTERRUPTED, InterruptedRun)
+    if not _present(directory / "cell.json") and results.interrupted is None:
         results.problems.append("cell.json is missing: the cell never recorded an outcome")
-    manifest = _load(results, directory, "manifest.json", Manifest)
-    if manifest is not None:
-        results.manifest = json.loads((directory / "manifest.json").read_bytes())
-    resolution = _load(results, directory, "resolution.json", list[ResolutionRecord])
-    if resolution is None and not (directory / "resolution.json").exists() and manifest is not None:
+    manifest, results.manifest = _load(results, directory, "manifest.json", Manifest)
+    resolution, _ = _load(results, directory, "resolution.json", list[ResolutionRecord])
+    if resolution is None and not _present(directory / "resolution.json") and manifest is not None:
         resolution = manifest.resolution
     results.resolution = resolution or []
-    junit = directory / "junit.xml"
-    if junit.exists():
+    if _present(directory / OUTCOMES):
+        try:
+            results.finished = read_finished(directory / OUTCOMES)
+            results.recorded = [test_case(t) for t in results.finished]
+        except (OSError, UnreadableFileError) as exc:
+            results.problems.append(f"{OUTCOMES} is unreadable: {exc}")
+    junit = directory / JUNIT
+    results.junit_found = _present(junit)
+    if results.junit_found:
         try:
             results.tests = read_junit(junit)
         except ValueError as exc:
             results.problems.append(str(exc))
-    elif (directory / OUTCOMES).exists():
-        results.tests = [test_case(t) for t in read_finished(directory / OUTCOMES)]
+    elif _present(directory / OUTCOMES):
+        results.tests = results.recorded
         results.problems.append(
             f"junit.xml is missing: the {len(results.tests)} tests shown are those {OUTCOMES} recorded"
             " before the run ended"
         )
-    results.bench = _load(results, directory, "bench.json", BenchFile)
+    results.bench, _ = _load(results, directory, "bench.json", BenchFile)
+    results.kernels, _ = _load(results, directory, KERNELS, KernelsFile)
+    results.accuracy, _ = _load(results, directory, ACCURACY, AccuracyFile)
     return results
 
 

@@ -2,29 +2,43 @@
 
     cell.json         CellOutcome      written by the cell runner (gdn.matrix.cell)
     interrupted.json  InterruptedRun   written beside the last complete result when a run is interrupted
-    manifest.json     Manifest         written by the probe inside the cell (gdn.manifest)
+    manifest.json     Manifest         written by the probe inside the cell (gdn.matrix.probe)
     resolution.json   ResolutionRecord list, the manifest's resolution records alone
-    bench.json        BenchFile        written by the cell's benchmark (bench.cell)
+    bench.json        BenchFile        written by the cell's benchmark (gdn.matrix.bench)
+    kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
+    accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
 writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
 them without pydantic. Readers validate with pydantic (`load`), in strict JSON mode: a field of the
 wrong type is an error naming the file and the field, never a value coerced into something else.
-Keys a model does not name are allowed and ignored (a newer writer may add some).
+A file is read within its size cap and only when it is a regular file, and NaN, infinities and
+nesting past a limit are refused first (gdn.matrix.jsonio). Keys a model does not name are allowed
+and ignored (a newer writer may add some).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from gdn.matrix.jsonio import write_json
+from gdn.matrix.jsonio import (
+    RESULTS_FILE_MAX_BYTES,
+    UnreadableFileError,
+    location,
+    parse_json,
+    read_capped,
+    write_json,
+)
 
 CELL_SCHEMA = 1
 BENCH_SCHEMA = 2
+KERNELS_SCHEMA = 1
+ACCURACY_SCHEMA = 1
 REPORT_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
@@ -107,6 +121,9 @@ class InterruptedRun:
     # and errored ones ("nodeid: message"), since junit.xml is written only when pytest ends
     tests_finished: dict[str, int] = field(default_factory=dict)
     tests_failed: list[str] = field(default_factory=list)
+    # no signal was seen: the runner itself died (SIGKILL, the OOM killer), and the next run of the cell
+    # or the report found the marker it left (gdn.matrix.runs); `signal` is then "unknown"
+    runner_died: bool = False
     schema: int = CELL_SCHEMA
 
 
@@ -128,6 +145,8 @@ class ResolutionRecord:
     backend: str | None = None
     route: str | None = None
     rejected: list[Rejection] = field(default_factory=list)
+    # the backends never tried and why (another compute mode, a device they do not serve, not in auto)
+    not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
 
 
@@ -136,7 +155,7 @@ Section = dict[str, Any]
 
 @dataclass
 class Manifest:
-    """manifest.json (gdn.manifest): the sections the report reads are typed as objects (a section the
+    """manifest.json (gdn.matrix.probe): the sections the report reads are typed as objects (a section the
     probe could not fill is {"error": ...}); everything else the probe records is allowed as is."""
 
     python: Section | None = None
@@ -149,6 +168,76 @@ class Manifest:
     transformers: Section | None = None
     devices: Section | None = None
     resolution: list[ResolutionRecord] | None = None
+
+
+# ---------------------------------------------------------------- kernels.json
+
+
+@dataclass
+class KernelCount:
+    """One kind of call and how many were made (gdn.kernel_log.KernelEntry): at `level` ("gdn", or a
+    peer's own dispatch: "fla", "flash_qla"), `function` (a gdn op, or the peer's operation.function,
+    e.g. "common.chunk_bwd_dqkwg") with inputs of `dtype` ran `ran` (a gdn route such as
+    "triton:bundled", or the peer's backend: "triton" is fla's own function), after the candidates in
+    `passed_over` declined it; `during` says what the process was doing when not serving a call of the
+    step's own (gdn's numeric probe of a backend)."""
+
+    level: str
+    function: str
+    dtype: str
+    ran: str
+    calls: int
+    passed_over: list[Rejection] = field(default_factory=list)
+    during: str | None = None
+
+
+@dataclass
+class KernelsFile:
+    """kernels.json: per step of the cell's run ("tests", "accuracy", "bench"), every kind of call it made."""
+
+    steps: dict[str, list[KernelCount]] = field(default_factory=dict)
+    schema: int = KERNELS_SCHEMA
+
+
+# ---------------------------------------------------------------- accuracy.json
+
+AccuracyStatus = Literal["measured", "refused", "error", "not_run"]
+
+
+@dataclass
+class AccuracyRow:
+    """One backend on one case: `errors` maps each quantity the op's case compares (o, final_state, dq,
+    ..., pool, conv_state) to ||out - ref|| / ||ref|| against the fp64 reference, None where the output
+    is not finite. `status` says why a row has no errors: the backend refused the call (`reason`), raised
+    (`reason`), or the time budget was spent. `kernels` is what the row's calls ran,
+    at every dispatch level."""
+
+    op: str
+    backend: str
+    dtype: str
+    status: AccuracyStatus
+    regime: str | None = None
+    layout: str | None = None
+    route: str | None = None
+    errors: dict[str, float | None] = field(default_factory=dict)
+    reason: str | None = None
+    kernels: list[KernelCount] = field(default_factory=list)
+
+
+@dataclass
+class AccuracyFile:
+    """accuracy.json (`gdn-matrix accuracy`): every backend that serves each op on the device, against
+    fp64 references (gdn.matrix.accuracy.reference), at the shapes in `shape`; the backends that declare
+    the device but cannot run here are in `unavailable`, with the reason."""
+
+    device: str
+    shape: dict[str, int]
+    rows: list[AccuracyRow]
+    unavailable: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, Any] = field(default_factory=dict)
+    elapsed_s: float | None = None
+    budget_s: float | None = None
+    schema: int = ACCURACY_SCHEMA
 
 
 # ---------------------------------------------------------------- bench.json
@@ -242,7 +331,16 @@ class ResolutionEntry:
     backend: str | None = None
     route: str | None = None
     rejected: list[Rejection] = field(default_factory=list)
+    not_candidates: list[Rejection] = field(default_factory=list)
     error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As report.json has it: a resolution that failed has its error and nothing else."""
+        if self.error is not None:
+            return {"backend": None, "route": None, "error": self.error}
+        data = asdict(self)
+        del data["error"]
+        return data
 
 
 @dataclass
@@ -260,6 +358,25 @@ class Failure:
     outcome: Literal["failed", "error"]
     family: str | None = None
     message: str | None = None
+    # what the test's calls ran, at every dispatch level (tests.jsonl, where the kernel log recorded it)
+    kernels: list[KernelCount] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        # report.json's order: the family beside the test's name
+        return {key: data[key] for key in ("test", "family", "outcome", "message", "kernels")}
+
+
+@dataclass
+class Comparison:
+    """A test that compared one backend with another: the ops `mode` served (op -> route) and the ops
+    that fell back to another (op -> what served them and why). Its verdict holds for `compared` only."""
+
+    test: str
+    outcome: TestOutcome
+    mode: str | None = None
+    compared: dict[str, str] = field(default_factory=dict)
+    fell_back: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -302,6 +419,10 @@ class ReportCell:
     # bench.json's rows as written (typed rows are validated again by gdn.matrix.speed)
     bench: list[dict[str, Any]] | None = None
     peer_kernels: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    # kernels.json: per step of the run (tests, accuracy, bench), what its calls ran
+    kernels: dict[str, list[KernelCount]] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    accuracy: AccuracyFile | None = None
     expectations: list[Expectation] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     interrupted: InterruptedRun | None = None
@@ -316,6 +437,16 @@ class Report:
     ops: list[str]
     cells: list[ReportCell]
 
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        for cell, written in zip(self.cells, data["cells"], strict=True):
+            written["resolution"] = {
+                op: {device: entry.to_json() for device, entry in per_device.items()}
+                for op, per_device in cell.resolution.items()
+            }
+            written["failures"] = [failure.to_json() for failure in cell.failures]
+        return data
+
 
 # ---------------------------------------------------------------- reading and publishing
 
@@ -325,39 +456,44 @@ MODELS: dict[str, Any] = {
     "manifest": Manifest,
     "resolution": list[ResolutionRecord],
     "bench": BenchFile,
+    "kernels": KernelsFile,
+    "accuracy": AccuracyFile,
     "report": Report,
 }
 
 
-def _location(loc: tuple[Any, ...]) -> str:
-    """('cells', 0, 'failures', 1, 'outcome') -> cells[0].failures[1].outcome"""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text or "(top level)"
+@functools.cache
+def _adapter(model: Any) -> Any:
+    """One validator per model: building one costs far more than a small file's validation."""
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(model)
 
 
 def load(model: Any, text: str | bytes, source: str) -> Any:
     """`text` validated as `model`; SchemaError names `source` (the file) and the first field at fault."""
-    from pydantic import TypeAdapter, ValidationError
+    from pydantic import ValidationError
 
     try:
-        return TypeAdapter(model).validate_json(text, strict=True)
+        return _adapter(model).validate_json(text, strict=True)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         first = errors[0]
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise SchemaError(f"{source}: {_location(first['loc'])}: {first['msg']}{more}") from None
+        raise SchemaError(f"{source}: {location(first['loc'])}: {first['msg']}{more}") from None
 
 
-def load_file(model: Any, path: Path) -> Any:
-    """The file validated as `model`: SchemaError says whether it is not JSON or not the model."""
+def load_file(model: Any, path: Path, limit: int = RESULTS_FILE_MAX_BYTES) -> tuple[Any, Any]:
+    """The file validated as `model`, and its JSON as written (for the sections a model leaves open).
+    SchemaError says why not: not a regular file, past `limit` bytes, not strict JSON, not the model."""
     try:
-        text = path.read_bytes()
-        json.loads(text)
-    except (OSError, ValueError) as exc:
+        data = read_capped(path, limit)
+        value = parse_json(data, path.name)
+    except OSError as exc:
         raise SchemaError(f"{path.name} is unreadable: {exc}") from None
-    return load(model, text, path.name)
+    except UnreadableFileError as exc:
+        raise SchemaError(str(exc)) from None
+    return load(model, data, path.name), value
 
 
 def json_schema(name: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gdn.matrix.markdown import md_table
-from gdn.matrix.schema import BenchRow, shape_text
+from gdn.matrix.schema import BenchRow, Report, ReportCell, shape_text
 
 HEADER = ["op", "shape", "pass", "backend", "ran", "ms", "× fastest", "peak GiB", "first call s", "note"]
 
@@ -30,8 +30,8 @@ def parse_rows(raw: Any) -> tuple[list[BenchRow], list[str]]:
     return rows, problems
 
 
-def cell_rows(cell: dict[str, Any]) -> list[BenchRow]:
-    rows, _ = parse_rows(cell.get("bench"))
+def cell_rows(cell: ReportCell) -> list[BenchRow]:
+    rows, _ = parse_rows(cell.bench)
     return rows
 
 
@@ -75,21 +75,21 @@ def table(rows: Iterable[BenchRow]) -> list[list[str]]:
     return out
 
 
-def markdown(report: dict[str, Any]) -> list[str]:
+def markdown(report: Report) -> list[str]:
     """The '## Speed' section: one table per cell that has typed bench rows."""
 
     lines: list[str] = []
-    for cell in report["cells"]:
+    for cell in report.cells:
         rows = cell_rows(cell)
         if rows:
-            lines += [f"### {cell['name']}", "", *md_table(HEADER, table(rows))]
+            lines += [f"### {cell.name}", "", *md_table(HEADER, table(rows))]
     if not lines:
         return []
     legend = "Fastest of each (op, shape, pass) in bold; × fastest is the time over the fastest's."
     return ["## Speed", "", legend, "", *lines]
 
 
-def html(cell: dict[str, Any]) -> str | None:
+def html(cell: ReportCell) -> str | None:
     """The cell's speed table as an HTML table built from escaped parts (None without rows)."""
     from markupsafe import escape
 

@@ -1,4 +1,4 @@
-"""The versions a probe manifest (gdn.manifest.collect_manifest) records, and how they compare with a
+"""The versions a probe manifest (gdn.matrix.probe.collect_manifest) records, and how they compare with a
 cell's pins (matrix.yaml `versions`): the report shows the first, the cell runner records the second,
 since a cell run outside its image (the host runtime) runs whatever the environment has."""
 
@@ -9,10 +9,13 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, Specifier
 from packaging.version import InvalidVersion, Version
 
+from gdn.backends import registry
 from gdn.matrix.config import Versions
 from gdn.matrix.schema import PinDifference
 
-VERSION_KEYS = (
+# The order the report lists versions in; a version key a backend records (gdn.backends.registry) that
+# this order does not name comes last.
+ORDER = (
     "python",
     "torch",
     "cuda",
@@ -28,22 +31,26 @@ VERSION_KEYS = (
     "tilelang",
     "transformers",
 )
-# where each version lives in a probe manifest
-VERSION_PATHS: dict[str, tuple[str, ...]] = {
+# where each of the platform's versions lives in a probe manifest (the probe's own sections); the
+# backends' are their version sources (gdn.backends.registry), and "triton" is read apart (_triton_version)
+PLATFORM_PATHS: dict[str, tuple[str, ...]] = {
     "python": ("python", "version"),
     "torch": ("torch", "version"),
     "cuda": ("torch", "cuda"),
-    "triton_flavour": ("triton", "flavour"),
-    "torch_npu": ("torch_npu", "distribution", "version"),
     "cann": ("cann", "toolkit", "version"),
     "driver": ("cann", "driver", "version"),
-    "fla_npu": ("fla_npu", "distribution", "version"),
-    "fla_npu_generation": ("fla_npu", "api", "generation"),
-    "fla": ("fla", "distribution", "version"),
-    "flash_qla": ("fla", "peer_packages", "flash-qla"),
-    "tilelang": ("fla", "peer_packages", "tilelang"),
     "transformers": ("transformers", "distribution", "version"),
 }
+
+
+def version_paths() -> dict[str, tuple[str, ...]]:
+    """Where the manifest has each version the matrix records, the report's order first."""
+    paths = {**PLATFORM_PATHS, **registry.version_paths()}
+    return {key: paths.get(key, ()) for key in (*ORDER, *(key for key in paths if key not in ORDER))}
+
+
+VERSION_PATHS = version_paths()
+VERSION_KEYS = tuple(VERSION_PATHS)
 # Where the manifest has each pin. triton and triton-ascend install the same `triton` module, so their
 # pins are read from the installed distributions, not from what imports.
 SAME_PATH_PINS = (
@@ -89,9 +96,9 @@ def _triton_version(manifest: dict[str, Any]) -> str | None:
 
 
 def versions(manifest: dict[str, Any] | None) -> dict[str, str | None]:
-    found = {key: dig(manifest, *path) for key, path in VERSION_PATHS.items()}
+    found = {key: dig(manifest, *path) for key, path in version_paths().items()}
     found["triton"] = _triton_version(manifest or {})
-    return {key: (str(found[key]) if found[key] is not None else None) for key in VERSION_KEYS}
+    return {key: (str(value) if value is not None else None) for key, value in found.items()}
 
 
 def matches(package: str, pinned: str, found: str) -> bool:

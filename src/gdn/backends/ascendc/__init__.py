@@ -10,8 +10,6 @@ first asked to serve.
 
 from __future__ import annotations
 
-from gdn.backends.ascendc.backend import make_backend
+from gdn.backends.ascendc.backend import AscendcBackend
 
-ASCENDC = make_backend()
-
-__all__ = ["ASCENDC"]
+__all__ = ["AscendcBackend"]

@@ -8,13 +8,14 @@ skipped when the user asked not to degrade. Other ops are served as usual.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from gdn.backends.ascendc import device as npu_device
-from gdn.backends.ascendc import routes
+from gdn.backends.ascendc import findings, routes
 from gdn.backends.base import Backend, OpTable
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
@@ -32,29 +33,35 @@ PROBE_TOLERANCE = {
 }
 
 
-def _check(device_type: str) -> str | None:
-    return npu_device.why_not(device_type, npu_device.locate()) or routes.plan().unavailable
-
-
-def _load() -> OpTable:
-    return {op: entry.fn for op, entry in routes.plan().ops.items() if entry.fn is not None}
-
-
-def _route(op: str) -> str:
-    return routes.plan().ops[op].route or NAME
-
-
 @dataclass(eq=False)
 class AscendcBackend(Backend):
     """Adds what the resolver cannot ask a plain Backend: why one op has no route, which calls its
     route refuses (limits of the fla_npu ops, gradients they cannot give), and the inputs its numeric
     probe should use (the kernels take bf16; the chunk ops need K = 128)."""
 
+    name: str = NAME
+    devices: tuple[str, ...] = ("npu", "cpu")  # cpu only under the stand-in torch_npu (device.py)
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"npu": 0})
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: PROBE_TOLERANCE)
+    # npu_recurrent_gated_delta_rule has no backward: calls that need gradients run eager
+    forward_only: frozenset[str] = frozenset(routes.RECURRENT_OPS)
+    # the kernels take cu_seqlens as host lists unchecked; the pooled ops (the conv's varlen form, the
+    # pool decode) read slots and offsets on the host and serve a bad row NaN (gdn.pool_rows)
+    trusts_values: frozenset[str] = frozenset({routes.CHUNK_OP, "fused_recurrent_gated_delta_rule"})
     probe_dtype: torch.dtype = torch.bfloat16
     probe_head_dims: tuple[int, int] = (128, 128)
     # the decomposed chain wants K = 128 (and the recurrent op K = V = 128 on later builds): a probe
     # case at 64 shows each op's refusal on record, or that its kernel takes that shape
     probe_outside_limits: tuple[int, int] = (64, 64)
+
+    def check(self, device_type: str) -> str | None:
+        return npu_device.why_not(device_type, npu_device.locate()) or routes.plan().unavailable
+
+    def loader(self) -> OpTable:
+        return {op: entry.fn for op, entry in routes.plan().ops.items() if entry.fn is not None}
+
+    def route(self, op: str) -> str:
+        return routes.plan().ops[op].route or NAME
 
     def why_op_unavailable(self, op: str) -> str | None:
         entry = routes.plan().ops.get(op)
@@ -72,16 +79,6 @@ class AscendcBackend(Backend):
             )
         return super().implementation(op)
 
-
-def make_backend() -> AscendcBackend:
-    return AscendcBackend(
-        name=NAME,
-        loader=_load,
-        devices=("npu", "cpu"),  # cpu only under the stand-in torch_npu (device.py)
-        check=_check,
-        auto_rank={"npu": 0},
-        route=_route,
-        probe_tolerance=PROBE_TOLERANCE,
-        # npu_recurrent_gated_delta_rule has no backward: calls that need gradients run eager
-        forward_only=frozenset(routes.RECURRENT_OPS),
-    )
+    def describe(self) -> dict[str, Callable[[], Any]]:
+        # fla_npu first: the routes load what fla_npu offers (its legacy extension, for one)
+        return {"fla_npu": findings.fla_npu_section, "ascendc": findings.ascendc_section}

@@ -23,6 +23,7 @@ from gdn.backends.ascendc.layout import CHUNK, Sequences, sequences
 from gdn.backends.ascendc.raw import CHUNK_OPS, COMPOSITE_FWD, RawOps
 from gdn.backends.eager.gated_delta import l2norm_fp32
 from gdn.calls import GdnCall
+from gdn.gates import floored
 
 OP = "chunk_gated_delta_rule"
 FWD_H = "npu_chunk_gated_delta_rule_fwd_h"
@@ -238,7 +239,9 @@ def make_chunk_gated_delta_rule(kernels: ChunkKernels) -> Callable:
             h0 = q.new_zeros(len(seqs.kept), shapes.HV, shapes.K, shapes.V, dtype=torch.float32)
         run = _Run(kernels, seqs, call.scale, output_final_state)
         function = _Composite if kernels.composite is not None else _Decomposed
-        o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), g.float(), beta.float(), h0, run)
+        # the chain sums gates per chunk: a -inf gate is raised to the floor first (gdn.gates)
+        gates = floored(g.float())
+        o, final = function.apply(q.to(dtype), k.to(dtype), v.to(dtype), gates, beta.float(), h0, run)
         o = o.to(v.dtype)
         if not output_final_state or not seqs.drops_any:
             return o, final

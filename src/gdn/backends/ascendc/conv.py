@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from gdn.backends.ascendc.knobs import kernel_dtype
 from gdn.backends.ascendc.raw import CONV_BWD, CONV_FN, CONV_RAW, LEGACY, RawOps
 from gdn.calls import ConvCall
+from gdn.pool_rows import offsets_in_order, pool_rows
 
 PAD_SLOT_ID = -1
 
@@ -174,14 +175,23 @@ def _dense(kernels: ConvKernels, call: ConvCall):
 
 
 def _varlen(kernels: ConvKernels, call: ConvCall):
+    """The pool's rows are read and written here, in torch, from the slots read on the host: reaching
+    here without the host checks, a sequence whose slot is out of range or repeated gets NaN outputs and
+    its slot is neither read nor written, and offsets out of order give every output NaN
+    (gdn.pool_rows); the kernel sees only scratch rows."""
     x, weight, bias, activation, conv_states = call.x, call.weight, call.bias, call.activation, call.conv_states
-    D, _tokens = x.shape
+    D, tokens = x.shape
     width = weight.shape[1]
     dtype = kernel_dtype(x.dtype)
     bounds = call.query_start_loc.tolist()
+    if not offsets_in_order(bounds, tokens):
+        return torch.full_like(x, float("nan"))
     count = len(bounds) - 1
     lengths = [b - a for a, b in itertools.pairwise(bounds)]
-    slots = list(range(count)) if call.cache_indices is None else call.cache_indices.tolist()
+    slots, refused = list(range(count)), []
+    if call.cache_indices is not None:
+        rows = pool_rows(call.cache_indices.tolist(), conv_states.shape[0])
+        slots, refused = rows.kept, rows.refused
     wants = [False] * count if call.has_initial_state is None else call.has_initial_state.tolist()
     history = x.new_zeros(count, width - 1, D, dtype=dtype)
     read = [n for n in range(count) if conv_states is not None and wants[n] and slots[n] >= 0]
@@ -197,6 +207,8 @@ def _varlen(kernels: ConvKernels, call: ConvCall):
         _Run(kernels, _bounds([lengths[n] for n in kept])),
     )
     out = _activate(y, activation).t().to(x.dtype)
+    for n in refused:
+        out[:, bounds[n] : bounds[n + 1]] = float("nan")
     write = [n for n in range(count) if slots[n] >= 0]
     if conv_states is not None and width > 1 and write:
         # an empty sequence's final state is its history

@@ -20,6 +20,7 @@ import torch
 from gdn.backends.ascendc.layout import sequences
 from gdn.backends.eager.gated_delta import l2norm_fp32
 from gdn.calls import GdnCall, PoolDecodeCall
+from gdn.pool_rows import offsets_in_order, pool_rows
 
 OP = "npu_recurrent_gated_delta_rule"
 
@@ -87,15 +88,23 @@ def make_recurrent_ops(kernel: Callable) -> dict[str, Callable]:
         return o, start.index_copy(0, kept, final)
 
     def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
+        """The pool's rows are read and written here, in torch, from the slots read on the host: reaching
+        here without the host checks, a slot out of range or repeated gives its sequence NaN outputs and
+        leaves its slot untouched, and offsets out of order do so for every sequence (gdn.pool_rows)."""
         q, k, v, g, beta, shapes, ssm_pool = call.q, call.k, call.v, call.g, call.beta, call.shapes, call.ssm_pool
         _refuse_grad("fused_recurrent_gated_delta_rule_update", q, k, v, g, beta)
+        if call.cu_seqlens is not None and not offsets_in_order(call.cu_seqlens.tolist(), shapes.T):
+            return torch.full_like(v, float("nan"))
         seqs = sequences(shapes.B, shapes.T, call.cu_seqlens)
-        slots = call.ssm_indices.tolist()
-        live = [n for n in seqs.kept if slots[n] >= 0]
+        rows = pool_rows(call.ssm_indices.tolist(), ssm_pool.shape[0])
+        slots = rows.kept
+        starts = [sum(seqs.lengths[:n]) for n in range(len(seqs.lengths))]
         o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
+        for n in rows.refused:
+            o.view(-1, shapes.HV, shapes.V)[starts[n] : starts[n] + seqs.lengths[n]] = float("nan")
+        live = [n for n in seqs.kept if slots[n] >= 0]
         if not live:
             return o
-        starts = [sum(seqs.lengths[:n]) for n in range(len(seqs.lengths))]
         token_idx = torch.tensor(
             [t for n in live for t in range(starts[n], starts[n] + seqs.lengths[n])], device=q.device
         )

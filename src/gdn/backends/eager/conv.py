@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gdn.calls import ConvCall, ConvUpdateCall
+from gdn.pool_rows import offsets_in_order, pool_rows
 
 
 def _activate(x: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -52,15 +53,22 @@ def _segmented(extended: torch.Tensor, weight, bias, seq_idx: torch.Tensor) -> t
 
 def _varlen(call: ConvCall):
     """x [D, total_T]: each sequence reads its own W - 1 columns of history (from the pool when
-    has_initial_state says so, else zeros), and its last W - 1 inputs are written back to the pool."""
+    has_initial_state says so, else zeros), and its last W - 1 inputs are written back to the pool.
+    Reaching here without the host checks, a sequence whose slot is out of range or repeated gets NaN
+    outputs and its slot is neither read nor written; offsets out of order give every output NaN."""
     x, weight, bias, activation, conv_states = call.x, call.weight, call.bias, call.activation, call.conv_states
     query_start_loc, cache_indices, has_initial_state = call.query_start_loc, call.cache_indices, call.has_initial_state
-    D, _total = x.shape
+    D, total = x.shape
     width = weight.shape[1]
     hist = width - 1
     bounds = query_start_loc.tolist()
+    if not offsets_in_order(bounds, total):
+        return torch.full_like(x, float("nan"))
     N = len(bounds) - 1
-    slots = list(range(N)) if cache_indices is None else cache_indices.tolist()
+    slots, refused = list(range(N)), []
+    if cache_indices is not None:
+        plan = pool_rows(cache_indices.tolist(), conv_states.shape[0])
+        slots, refused = plan.kept, plan.refused
     use_history = [False] * N if has_initial_state is None else has_initial_state.tolist()
 
     history = x.new_zeros(N, D, hist, dtype=torch.float32)
@@ -84,6 +92,8 @@ def _varlen(call: ConvCall):
     conv = _depthwise(extended, weight, bias)[0]  # output i ends at extended position i + W - 1
     take = torch.cat(positions).to(x.device) - hist
     out = _activate(conv.index_select(1, take), activation).to(x.dtype)
+    for n in refused:
+        out[:, bounds[n] : bounds[n + 1]] = float("nan")
 
     if conv_states is not None and hist > 0:
         with torch.no_grad():
@@ -99,7 +109,8 @@ def _varlen(call: ConvCall):
 
 def causal_conv1d_update(call: ConvUpdateCall):
     """One or a few new tokens per row; conv_state [slots, D, state_len] is updated in place. Rows whose
-    index is -1 are skipped: their output is zero and no pool row changes."""
+    index is -1 are skipped: their output is zero and no pool row changes; a slot out of range or
+    repeated (reaching here without the host check) gives NaN outputs and changes no pool row."""
     x, conv_state, weight, bias, activation = call.x, call.conv_state, call.weight, call.bias, call.activation
     conv_state_indices = call.conv_state_indices
     squeeze = x.ndim == 2
@@ -109,12 +120,14 @@ def causal_conv1d_update(call: ConvUpdateCall):
     width = weight.shape[1]
     if conv_state_indices is None:
         rows = list(range(B))
-        slots = rows
+        slots, refused = rows, []
     else:
-        picked = conv_state_indices.tolist()
-        rows = [b for b, s in enumerate(picked) if s >= 0]
-        slots = [picked[b] for b in rows]
+        plan = pool_rows(conv_state_indices.tolist(), conv_state.shape[0])
+        rows, refused = plan.served, plan.refused
+        slots = [plan.kept[b] for b in rows]
     out = xs.new_zeros(B, D, L)
+    if refused:
+        out[refused] = float("nan")
     if rows:
         row_idx = torch.tensor(rows, device=x.device)
         slot_idx = torch.tensor(slots, device=x.device)

@@ -18,6 +18,8 @@ from gdn._validate import GdnShapes
 from gdn.backends.eager._blocks import BlockPlan, plan_blocks, sequence_lengths
 from gdn.backends.eager.state_scan import StateScan
 from gdn.calls import GdnCall, PoolDecodeCall
+from gdn.gates import floored
+from gdn.pool_rows import offsets_in_order, pool_rows
 
 CHUNK = 64
 
@@ -83,7 +85,8 @@ def _intra_chunk(q, k, v, g, beta, shapes: GdnShapes, scale: float, use_qk_l2nor
         qh, kh = l2norm_fp32(qh), l2norm_fp32(kh)
     qh = qh * scale
     vb = _head_major(plan, v, HV)
-    gb, bb = _head_major(plan, g, HV), _head_major(plan, beta, HV)
+    # sums of gates over a chunk: a -inf gate (complete decay) would make them NaN (gdn.gates)
+    gb, bb = floored(_head_major(plan, g, HV)), _head_major(plan, beta, HV)
     chunks = qh.shape[0]
 
     def by_group(x: torch.Tensor) -> torch.Tensor:  # [chunks, HV, ...] -> [chunks, H, G, ...]
@@ -166,16 +169,23 @@ def fused_recurrent_gated_delta_rule(call: GdnCall):
 
 
 def fused_recurrent_gated_delta_rule_update(call: PoolDecodeCall):
-    """Decode against a state pool: rows with index -1 are skipped (output zeros, pool untouched)."""
+    """Decode against a state pool: rows with index -1 are skipped (output zeros, pool untouched).
+    Reaching here without the host checks, a slot out of range or repeated gives its sequence NaN
+    outputs and leaves its slot untouched, and offsets out of order do so for every sequence."""
     q, v, shapes, ssm_pool = call.q, call.v, call.shapes, call.ssm_pool
-    slots = call.ssm_indices.tolist()
+    if call.cu_seqlens is not None and not offsets_in_order(call.cu_seqlens.tolist(), shapes.T):
+        return torch.full_like(v, float("nan"))
+    rows = pool_rows(call.ssm_indices.tolist(), ssm_pool.shape[0])
+    slots = rows.kept
     lengths = sequence_lengths(shapes.B, shapes.T, call.cu_seqlens)
+    starts = [sum(lengths[:n]) for n in range(len(lengths))]
+    o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
+    for n in rows.refused:
+        o.view(shapes.B * shapes.T, shapes.HV, shapes.V)[starts[n] : starts[n] + lengths[n]] = float("nan")
     # A live sequence without tokens leaves its pool slot as it is: nothing to run for it.
     live = [n for n, slot in enumerate(slots) if slot >= 0 and lengths[n] > 0]
-    o = v.new_zeros(shapes.B, shapes.T, shapes.HV, shapes.V)
     if not live:
         return o
-    starts = [sum(lengths[:n]) for n in range(len(lengths))]
     token_idx = torch.tensor(
         [starts[n] + t for n in live for t in range(lengths[n])], dtype=torch.long, device=q.device
     )

@@ -8,7 +8,9 @@ missing or broken Triton is a rejection reason, not an import error of gdn.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from gdn.backends.base import Backend, OpTable, describe_error
 from gdn.backends.triton._common import INTERPRET_ENV, flavour, is_interpreting
@@ -32,7 +34,7 @@ PROBE_TOLERANCE = {
     "causal_conv1d_update": 1e-5,
     "fused_gdn_gating": 1e-5,
 }
-# The serving kernels have no backward: calls that need gradients run eager (gdn.resolve.for_call).
+# The serving kernels have no backward: calls that need gradients run eager (gdn.resolve.Resolution.serve).
 FORWARD_ONLY = frozenset(
     {
         "fused_recurrent_gated_delta_rule",
@@ -43,70 +45,75 @@ FORWARD_ONLY = frozenset(
     }
 )
 
-# The decode kernels check the pool slots and cu_seqlens on the device (decode.py), and the chunk op its
-# cu_seqlens (chunk_index), so that a serving step or a packed prefill never reads them on the host.
+# The decode and conv kernels check the pool slots and offsets on the device (decode.py, conv.py), and the
+# chunk op its cu_seqlens while it plans a packed batch on the device (chunk_index.py), so that a serving
+# step or a packed prefill never reads them on the host.
 GUARDS_VALUES = frozenset(
-    {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fused_recurrent_gated_delta_rule_update"}
+    {
+        "chunk_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule",
+        "fused_recurrent_gated_delta_rule_update",
+        "causal_conv1d_fn",
+        "causal_conv1d_update",
+    }
 )
 
 
-def _check(device_type: str) -> str | None:
-    if is_interpreting():
+@dataclass(eq=False)
+class TritonBackend(Backend):
+    name: str = NAME
+    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"cuda": 0, "npu": 1})
+    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: PROBE_TOLERANCE)
+    forward_only: frozenset[str] = FORWARD_ONLY
+    guards_values: frozenset[str] = GUARDS_VALUES
+
+    def check(self, device_type: str) -> str | None:
+        if is_interpreting():
+            return None
+        if device_type == "cpu":
+            return INTERPRETER_REASON
+        try:
+            info = flavour()
+        except Exception as exc:  # no triton, or no usable driver: the reason, not a crash
+            return describe_error(exc)
+        if info.target not in _TARGETS[device_type]:
+            return f"{info.describe()} does not target {device_type}"
         return None
-    if device_type == "cpu":
-        return INTERPRETER_REASON
-    try:
-        info = flavour()
-    except Exception as exc:  # no triton, or no usable driver: the reason, not a crash
-        return describe_error(exc)
-    if info.target not in _TARGETS[device_type]:
-        return f"{info.describe()} does not target {device_type}"
-    return None
 
+    def loader(self) -> OpTable:
+        import triton  # noqa: F401 - its ImportError is the reason the backend is unavailable
 
-def _load() -> OpTable:
-    import triton  # noqa: F401 - its ImportError is the reason the backend is unavailable
+        from gdn.backends.triton.chunk import chunk_gated_delta_rule
+        from gdn.backends.triton.conv import causal_conv1d_fn, causal_conv1d_update
+        from gdn.backends.triton.decode import (
+            fused_recurrent_gated_delta_rule,
+            fused_recurrent_gated_delta_rule_update,
+        )
+        from gdn.backends.triton.gating import fused_gdn_gating
+        from gdn.backends.triton.l2norm import l2norm
 
-    from gdn.backends.triton.chunk import chunk_gated_delta_rule
-    from gdn.backends.triton.conv import causal_conv1d_fn, causal_conv1d_update
-    from gdn.backends.triton.decode import fused_recurrent_gated_delta_rule, fused_recurrent_gated_delta_rule_update
-    from gdn.backends.triton.gating import fused_gdn_gating
-    from gdn.backends.triton.l2norm import l2norm
+        return {
+            "chunk_gated_delta_rule": chunk_gated_delta_rule,
+            "l2norm": l2norm,
+            "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+            "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
+            "causal_conv1d_fn": causal_conv1d_fn,
+            "causal_conv1d_update": causal_conv1d_update,
+            "fused_gdn_gating": fused_gdn_gating,
+        }
 
-    return {
-        "chunk_gated_delta_rule": chunk_gated_delta_rule,
-        "l2norm": l2norm,
-        "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
-        "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
-        "causal_conv1d_fn": causal_conv1d_fn,
-        "causal_conv1d_update": causal_conv1d_update,
-        "fused_gdn_gating": fused_gdn_gating,
-    }
+    def compile_ahead(self, op: str, calls: list, meanwhile: Callable[[], object]) -> None:
+        if op == "chunk_gated_delta_rule":  # the one op of many kernels, each compiled per kernel class
+            from gdn.backends.triton.chunk import compile_calls_ahead
 
+            compile_calls_ahead(calls, meanwhile)
+        else:
+            meanwhile()
 
-def _compile_ahead(op: str, calls: list, meanwhile: Callable[[], object]) -> None:
-    if op == "chunk_gated_delta_rule":  # the one op of many kernels, each compiled per kernel class
-        from gdn.backends.triton.chunk import compile_calls_ahead
+    def route(self, op: str) -> str:
+        return "triton:bundled(interpreter)" if is_interpreting() else "triton:bundled"
 
-        compile_calls_ahead(calls, meanwhile)
-    else:
-        meanwhile()
+    def describe(self) -> dict[str, Callable[[], Any]]:
+        from gdn.backends.triton.findings import triton_section
 
-
-def _route(op: str) -> str:
-    return "triton:bundled(interpreter)" if is_interpreting() else "triton:bundled"
-
-
-def make_backend() -> Backend:
-    return Backend(
-        name=NAME,
-        loader=_load,
-        devices=("cpu", "cuda", "npu"),
-        check=_check,
-        auto_rank={"cuda": 0, "npu": 1},
-        route=_route,
-        probe_tolerance=PROBE_TOLERANCE,
-        forward_only=FORWARD_ONLY,
-        guards_values=GUARDS_VALUES,
-        compile_ahead=_compile_ahead,
-    )
+        return {"triton": triton_section}

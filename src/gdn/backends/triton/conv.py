@@ -15,6 +15,15 @@ its sequence by binary search over query_start_loc on the device (no host sync, 
 Prefill writes final states with a second kernel, after the conv kernel has read every history: a
 sequence shorter than W - 1 tokens reads and writes the same pool row.
 
+The kernels check the values a serving engine hands them on the device, as the decode kernels do
+(decode.py), so that no call reads them on the host: a pool slot out of [-1, slots) or one that
+another row of the call also names gives that row's or sequence's outputs NaN and neither reads nor
+writes the pool; offsets out of order or past the tokens give every output NaN and write no state;
+tokens no sequence covers are NaN. Index -1 keeps its meaning (zero outputs for an update row, no
+history and no write for a sequence). Nothing is read or written out of range whatever the values.
+Finding a repeated slot costs each program one pass over the call's slot list (a prefill program
+compares its tokens' slots with it), and finding offsets out of order one pass over them.
+
 These kernels have no backward: the triton backend serves both ops forward-only.
 """
 
@@ -26,7 +35,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
-from gdn.backends.triton.decode import as_block, refuse_grad
+from gdn.backends.triton.decode import as_block, offsets_out_of_order, refuse_grad, slot_repeats
 from gdn.backends.triton.launch import launch
 from gdn.calls import ConvCall, ConvUpdateCall
 
@@ -39,6 +48,9 @@ FN_WARPS = 4
 # Channels of one state / decode program (rows of at most next_pow2(state_len) columns).
 STATE_BLOCK_D = 256
 STATE_WARPS = 4
+# Entries of the call's slot list or offsets one step of the device-side checks reads: a warp's worth, as
+# the decode step's scan; a prefill program compares each of its BLOCK_T tokens' slots with them.
+CHECK_BLOCK = 32
 
 
 @triton.jit
@@ -77,7 +89,24 @@ def _sequence_of(t, qsl_ptr, N, steps, BT: tl.constexpr):
     return lo
 
 
-@triton.jit(do_not_specialize=["T", "N", "steps"])
+@triton.jit
+def _slots_refused(slots_ptr, rows, N, SLOTS, BR: tl.constexpr, BLOCK_N: tl.constexpr):
+    """For each of BR rows of the call (a token's sequence, repeats allowed), whether its slot cannot
+    be served: out of [-1, SLOTS), or live and named by another row too (two rows would write one
+    slot). As a count per row, 0 where it is served (the Triton 3.2 interpreter cannot negate an int1)."""
+    slot = tl.load(slots_ptr + rows).to(tl.int64)
+    count = tl.zeros([BR], dtype=tl.int32)
+    start = 0
+    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+        o_m = start + tl.arange(0, BLOCK_N)
+        others = tl.load(slots_ptr + o_m, mask=o_m < N, other=-1).to(tl.int64)
+        same = (others[None, :] == slot[:, None]) & (o_m[None, :] != rows[:, None])
+        count += tl.sum(same.to(tl.int32), 1)
+        start += BLOCK_N
+    return (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + ((slot >= 0) & (count > 0)).to(tl.int32)
+
+
+@triton.jit(do_not_specialize=["T", "N", "steps", "SLOTS"])
 def _conv_fn_kernel(
     x_ptr,
     w_ptr,
@@ -85,27 +114,33 @@ def _conv_fn_kernel(
     out_ptr,
     hist_ptr,
     hist_rows_ptr,
+    slots_ptr,
     seq_idx_ptr,
     qsl_ptr,
     T,
     D,
     N,
     steps,
+    SLOTS,
     stride_hs,
     stride_hd,
     stride_hw,
     W: tl.constexpr,
     BD: tl.constexpr,
     BT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     HAS_HIST: tl.constexpr,
     HAS_SEQ_IDX: tl.constexpr,
     VARLEN: tl.constexpr,
+    CHECK_SLOTS: tl.constexpr,
     CHANNEL_LAST: tl.constexpr,
 ):
     """Grid (B * token blocks, channel blocks). Dense: row b, history row b of hist. Varlen (B = 1):
-    each token's history row is hist_rows[its sequence] (-1: zeros)."""
+    each token's history row is hist_rows[its sequence] (-1: zeros). Varlen outputs are NaN for a
+    token of no sequence, of a sequence whose pool slot (slots, CHECK_SLOTS) is refused, and for every
+    token when the offsets are out of order or past T; nothing is read for those."""
     NT = tl.cdiv(T, BT)
     b = (tl.program_id(0) // NT).to(tl.int64)
     t = (tl.program_id(0) % NT) * BT + tl.arange(0, BT)
@@ -115,6 +150,13 @@ def _conv_fn_kernel(
     if VARLEN:
         seq = _sequence_of(t, qsl_ptr, N, steps, BT)
         start = tl.load(qsl_ptr + seq)
+        end = tl.load(qsl_ptr + seq + 1)
+        # served: inside its sequence, offsets in order (else sequences overlap and a tap could leave x),
+        # its slot served; a count of what fails, 0 where served
+        unserved = (t < start).to(tl.int32) + (t >= end).to(tl.int32) + offsets_out_of_order(qsl_ptr, N, T, BLOCK_N)
+        if CHECK_SLOTS:
+            unserved += _slots_refused(slots_ptr, seq, N, SLOTS, BT, BLOCK_N)
+        t_mask = t_mask & (unserved == 0)
         if HAS_HIST:
             hrow = tl.load(hist_rows_ptr + seq).to(tl.int64)
     else:
@@ -146,11 +188,13 @@ def _conv_fn_kernel(
         acc += tl.load(w_ptr + d * W + j, mask=d_mask, other=0.0).to(tl.float32)[:, None] * tap
     if SILU:
         acc = acc * tl.sigmoid(acc)
+    if VARLEN:
+        acc = tl.where((unserved == 0)[None, :], acc, float("nan"))
     out_off = _x_offsets(b, d, t, T, D, CHANNEL_LAST)
-    tl.store(out_ptr + out_off, cast_as(acc, out_ptr), mask=d_mask[:, None] & t_mask[None, :])
+    tl.store(out_ptr + out_off, cast_as(acc, out_ptr), mask=d_mask[:, None] & (t < T)[None, :])
 
 
-@triton.jit(do_not_specialize=["T"])
+@triton.jit(do_not_specialize=["T", "N", "SLOTS"])
 def _conv_state_kernel(
     x_ptr,
     hist_ptr,
@@ -160,6 +204,8 @@ def _conv_state_kernel(
     dest_rows_ptr,
     T,
     D,
+    N,
+    SLOTS,
     stride_hs,
     stride_hd,
     stride_hw,
@@ -169,12 +215,15 @@ def _conv_state_kernel(
     W: tl.constexpr,
     HP: tl.constexpr,
     BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HAS_HIST: tl.constexpr,
     VARLEN: tl.constexpr,
+    CHECK_SLOTS: tl.constexpr,
     CHANNEL_LAST: tl.constexpr,
 ):
     """Grid (rows or sequences, channel blocks): the last W - 1 columns of [history, x] of each
-    sequence, written to its destination row (dest_rows[n] in the pool; -1 writes nothing)."""
+    sequence, written to its destination row (dest_rows[n] in the pool; -1 writes nothing, and so do
+    a refused slot and offsets out of order: the conv kernel gave those sequences NaN)."""
     n = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
     d_mask = d < D
@@ -183,6 +232,11 @@ def _conv_state_kernel(
         start = tl.load(qsl_ptr + n)
         end = tl.load(qsl_ptr + n + 1)
         dest = tl.load(dest_rows_ptr + n).to(tl.int64)
+        unserved = offsets_out_of_order(qsl_ptr, N, T, BLOCK_N)
+        if CHECK_SLOTS:
+            repeats = slot_repeats(dest_rows_ptr, n, dest, N, BLOCK_N)
+            unserved += (dest >= SLOTS).to(tl.int32) + ((dest >= 0) & (repeats > 0)).to(tl.int32)
+        dest = tl.where(unserved == 0, dest, -1)  # below -1 writes nothing either
         if HAS_HIST:
             hrow = tl.load(hist_rows_ptr + n).to(tl.int64)
     else:
@@ -241,13 +295,27 @@ def causal_conv1d_fn(call: ConvCall):
         dest_rows = torch.arange(N, device=x.device) if cache_indices is None else cache_indices
         if has_initial_state is not None:
             hist = conv_states
+            # a refused slot reads nothing: the kernels check it before they read hist_rows
             hist_rows = torch.where(has_initial_state & (dest_rows >= 0), dest_rows, -1)
     elif not varlen and initial_states is not None and W > 1:
         hist = initial_states.contiguous()
     hist_strides = hist.stride() if hist is not None else (0, 0, 0)
+    # slots the user named are checked on the device; the default ones (0..N-1, in a pool of >= N rows) are not
+    check_slots = dest is not None and cache_indices is not None
 
     out = _like_input(x, channel_last)
-    common = dict(T=T, D=D, W=W, CHANNEL_LAST=channel_last, VARLEN=varlen, HAS_HIST=hist is not None)
+    common = dict(
+        T=T,
+        D=D,
+        N=N,
+        SLOTS=conv_states.shape[0] if check_slots else 0,
+        W=W,
+        BLOCK_N=CHECK_BLOCK,
+        CHANNEL_LAST=channel_last,
+        VARLEN=varlen,
+        HAS_HIST=hist is not None,
+        CHECK_SLOTS=check_slots,
+    )
     with device_guard(x):
         launch(_conv_fn_kernel, (B * cdiv(T, BLOCK_T), cdiv(D, BLOCK_D)))(
             x,
@@ -256,9 +324,9 @@ def causal_conv1d_fn(call: ConvCall):
             out,
             hist,
             hist_rows,
+            dest_rows if check_slots else None,
             seq_idx,
             query_start_loc,
-            N=N,
             steps=(N - 1).bit_length(),
             stride_hs=hist_strides[0],
             stride_hd=hist_strides[1],
@@ -310,6 +378,7 @@ def _update_output(
     L,
     D,
     live,
+    fill,
     row_mask,
     stride_w,
     W: tl.constexpr,
@@ -318,7 +387,8 @@ def _update_output(
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
 ):
-    """Output token i of one row: taps j read E[S - (W - 1) + i + j]."""
+    """Output token i of one row: taps j read E[S - (W - 1) + i + j]; `fill` where the row is not
+    served (`live` false)."""
     d_mask = d < D
     acc = tl.zeros([BD], dtype=tl.float32)
     if HAS_BIAS:
@@ -330,11 +400,11 @@ def _update_output(
         acc += tl.load(w_ptr + d * W + j, mask=d_mask, other=0.0).to(tl.float32) * tap
     if SILU:
         acc = acc * tl.sigmoid(acc)
-    acc = tl.where(live, acc, 0.0)
+    acc = tl.where(live, acc, fill)
     tl.store(out_ptr + (b * D + d.to(tl.int64)) * L + i, cast_as(acc, out_ptr), mask=d_mask)
 
 
-@triton.jit(do_not_specialize=["L"])
+@triton.jit(do_not_specialize=["L", "B", "SLOTS"])
 def _conv_update_kernel(
     x_ptr,
     w_ptr,
@@ -344,6 +414,8 @@ def _conv_update_kernel(
     slots_ptr,
     L,
     D,
+    B,
+    SLOTS,
     stride_s,
     stride_d,
     stride_w,
@@ -351,19 +423,30 @@ def _conv_update_kernel(
     S: tl.constexpr,
     SP: tl.constexpr,
     BD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SILU: tl.constexpr,
     HAS_SLOTS: tl.constexpr,
 ):
     """Grid (B, channel blocks). Row b works on E = [state (S columns), x[b] (L columns)]: output l
-    is the conv ending at E[S + l], and the new state is E's last S columns."""
+    is the conv ending at E[S + l], and the new state is E's last S columns. Slots are checked on the
+    device: -1 gives zero outputs; a slot out of [-1, SLOTS) or one another row names too gives NaN
+    outputs; neither reads or writes the pool."""
     b = tl.program_id(0).to(tl.int64)
     d = tl.program_id(1) * BD + tl.arange(0, BD)
-    slot = tl.load(slots_ptr + b).to(tl.int64) if HAS_SLOTS else b
-    live = slot >= 0
+    if HAS_SLOTS:
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        repeats = slot_repeats(slots_ptr, b, slot, B, BLOCK_N)
+        wrong = (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + ((slot >= 0) & (repeats > 0)).to(tl.int32)
+        live = (slot >= 0) & (wrong == 0)
+        fill = tl.where(wrong > 0, float("nan"), 0.0)
+    else:  # row b is state row b (the validation checked there are B rows)
+        slot = b
+        live = slot >= 0
+        fill = 0.0
     d_mask = d < D
-    row_mask = d_mask & (as_block(slot, BD) >= 0)
-    state_row = state_ptr + tl.maximum(slot, 0) * stride_s + d.to(tl.int64) * stride_d
+    row_mask = d_mask & (as_block(live.to(tl.int64), BD) > 0)
+    state_row = state_ptr + tl.where(live, slot, 0) * stride_s + d.to(tl.int64) * stride_d
     x_row = x_ptr + (b * D + d.to(tl.int64)) * L
 
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
@@ -381,6 +464,7 @@ def _conv_update_kernel(
                 L,
                 D,
                 live,
+                fill,
                 row_mask,
                 stride_w,
                 W,
@@ -404,6 +488,7 @@ def _conv_update_kernel(
                 L,
                 D,
                 live,
+                fill,
                 row_mask,
                 stride_w,
                 W,
@@ -426,7 +511,8 @@ def _conv_update_kernel(
 
 def causal_conv1d_update(call: ConvUpdateCall):
     """The `causal_conv1d_update` op of the triton backend (forward only): rows whose index is -1
-    get zero outputs and leave the pool untouched."""
+    get zero outputs and leave the pool untouched; a slot out of range or repeated gives NaN outputs
+    and leaves the pool untouched."""
     x, conv_state, weight, bias, activation = call.x, call.conv_state, call.weight, call.bias, call.activation
     conv_state_indices = call.conv_state_indices
     refuse_grad("causal_conv1d_update", x=x, weight=weight, bias=bias)
@@ -446,11 +532,14 @@ def causal_conv1d_update(call: ConvUpdateCall):
             conv_state_indices,
             L,
             D,
+            B,
+            conv_state.shape[0],
             *conv_state.stride(),
             W=W,
             S=S,
             SP=next_power_of_2(S),
             BD=STATE_BLOCK_D,
+            BLOCK_N=CHECK_BLOCK,
             HAS_BIAS=bias is not None,
             SILU=activation in ("silu", "swish"),
             HAS_SLOTS=conv_state_indices is not None,

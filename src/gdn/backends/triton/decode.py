@@ -195,7 +195,7 @@ def _token_update(
 
 
 @triton.jit
-def _repeats(slots_ptr, i_n, slot, N, BLOCK_N: tl.constexpr):
+def slot_repeats(slots_ptr, i_n, slot, N, BLOCK_N: tl.constexpr):
     """How many other rows of the call name the same slot as row i_n."""
     count = 0
     start = 0
@@ -208,7 +208,7 @@ def _repeats(slots_ptr, i_n, slot, N, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _offsets_out_of_order(cu_ptr, N, T, BLOCK_N: tl.constexpr):
+def offsets_out_of_order(cu_ptr, N, T, BLOCK_N: tl.constexpr):
     """How many of 0 <= cu[0] <= cu[1] <= ... <= cu[N] <= T fail (counts, not bools: the Triton 3.2
     interpreter cannot negate an int1)."""
     bad = 0
@@ -323,7 +323,7 @@ def _recurrent_kernel(
         eos = tl.load(cu_ptr + i_n + 1).to(tl.int64)
         # offsets out of order anywhere or past the tokens: sequences would overlap, so none gets any
         # tokens (the output stays NaN)
-        out_of_order = _offsets_out_of_order(cu_ptr, N, T, BLOCK_N)
+        out_of_order = offsets_out_of_order(cu_ptr, N, T, BLOCK_N)
         bos = tl.where(out_of_order == 0, bos, 0)
         eos = tl.where(out_of_order == 0, eos, 0)
     else:
@@ -342,7 +342,7 @@ def _recurrent_kernel(
         # no state at all.
         load_k = mask_k & (as_block(in_range.to(tl.int64), BK) > 0) & (as_block(eos - bos, BK) > 0)
         row = tl.where(in_range, slot, 0)
-        repeats = _repeats(slots_ptr, i_n, slot, N, BLOCK_N)
+        repeats = slot_repeats(slots_ptr, i_n, slot, N, BLOCK_N)
         wrong = (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + out_of_order
         wrong += ((slot >= 0) & (repeats > 0)).to(tl.int32)
         live = (slot >= 0) & (wrong == 0)

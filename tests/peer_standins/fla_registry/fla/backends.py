@@ -1,6 +1,7 @@
 """Stand-in for fla.backends: the registry's rules as fla 0.6.0 has them (priority order, lower first;
 FLA_<TYPE> enables a whole type; the backend's switch, else its default; its package must be found;
-its verifier must accept the call; a function it does not implement is skipped)."""
+its verifier must accept the call; a function it does not implement is skipped), and its dispatch
+loop, which reads the registry's candidates at every call (what gdn's kernel log watches)."""
 
 from __future__ import annotations
 
@@ -54,14 +55,20 @@ class BackendRegistry:
         return sorted(self._backends.values(), key=lambda backend: backend.priority)
 
     def dispatch(self, default_function):
+        function_name = default_function.__name__
+
         def wrapper(*args, **kwargs):
+            # the registry is read at every call, as fla's own loop reads it
             for backend in self._get_sorted_backends():
-                if (
-                    backend.is_available()
-                    and backend.is_enabled()
-                    and backend.verify(default_function.__name__, *args, **kwargs)[0]
-                ):
-                    return backend.get_implementation(default_function.__name__)(*args, **kwargs)
+                if not (backend.is_available() and backend.is_enabled()):
+                    continue
+                accepted, _ = backend.verify(function_name, *args, **kwargs)
+                if not accepted:
+                    continue
+                implementation = backend.get_implementation(function_name)
+                if implementation is None:
+                    continue
+                return implementation(*args, **kwargs)
             return default_function(*args, **kwargs)
 
         return wrapper

@@ -3,13 +3,15 @@
 Its chunk_gated_delta_rule has FlashQLA's signature and its refusals (asserts on dtype, K = V = 128,
 B = 1 with cu_seqlens, a sequence without tokens, an initial state per sequence, an fp32 g where the
 gate gets a gradient: the real one asserts its dg is fp32), computes with gdn's eager op
-(differentiable) and records every call in CALLS.
+(differentiable) and records every call in CALLS. Its forward asks its chunk module for the split
+(flash_qla.ops.gated_delta_rule.chunk), as FlashQLA's does.
 """
 
 import itertools
 
 import torch
 
+from flash_qla.ops.gated_delta_rule import chunk
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE
 
@@ -55,6 +57,8 @@ def chunk_gated_delta_rule(
         raise ValueError("The number of initial states is expected to be equal to the number of input sequences")
     if g.requires_grad:
         assert g.dtype == torch.float32, "dg should be fp32"
+    # as FlashQLA's forward decides its split, through its chunk module (what gdn's kernel log watches)
+    chunk._auto_intra_cp_context(k, v, cu_seqlens, 64, auto_cp, False, force_intra_cp=force_intra_cp)
     call = PREPARE["chunk_gated_delta_rule"](
         q,
         k,

@@ -19,6 +19,9 @@ from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
 from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
+from gdn.gates import GATE_FLOOR as _GATE_FLOOR
+
+GATE_FLOOR = tl.constexpr(_GATE_FLOOR)  # gdn.gates
 
 
 @triton.jit
@@ -82,11 +85,12 @@ def _prepare_kernel(
     t2 = (bos + r2).to(tl.int64)
     t3 = (bos + r3).to(tl.int64)
 
-    # Chunk-local cumulative gate, one sub-chunk at a time with the running total carried over.
-    g0 = tl.load(g + t0 * HV + i_hv, mask=m0, other=0.0).to(tl.float32)
-    g1 = tl.load(g + t1 * HV + i_hv, mask=m1, other=0.0).to(tl.float32)
-    g2 = tl.load(g + t2 * HV + i_hv, mask=m2, other=0.0).to(tl.float32)
-    g3 = tl.load(g + t3 * HV + i_hv, mask=m3, other=0.0).to(tl.float32)
+    # Chunk-local cumulative gate, one sub-chunk at a time with the running total carried over; a gate
+    # of -inf (complete decay) is raised to GATE_FLOOR, where every difference of G stays finite
+    g0 = tl.maximum(tl.load(g + t0 * HV + i_hv, mask=m0, other=0.0).to(tl.float32), GATE_FLOOR)
+    g1 = tl.maximum(tl.load(g + t1 * HV + i_hv, mask=m1, other=0.0).to(tl.float32), GATE_FLOOR)
+    g2 = tl.maximum(tl.load(g + t2 * HV + i_hv, mask=m2, other=0.0).to(tl.float32), GATE_FLOOR)
+    g3 = tl.maximum(tl.load(g + t3 * HV + i_hv, mask=m3, other=0.0).to(tl.float32), GATE_FLOOR)
     G0 = tl.cumsum(g0, 0)
     G1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
     G2 = tl.cumsum(g2, 0) + (tl.sum(g0, 0) + tl.sum(g1, 0))

@@ -23,10 +23,16 @@ warm-up shares the device with the other warm-ups, so a peer may pick a slightly
 configuration than it would alone. A runner that keeps its caches (Triton's ~/.triton/cache, TileLang's
 ~/.tilelang/cache) between runs makes the warm-up take seconds.
 
-Where fla's Hopper guard blocks its gated backward (the manifest's fla section says so), fla is timed
-with the guard lifted and its rows say that its gradients are not to be trusted there.
+Each backend's timed calls run under its `timing(op)` (gdn.backends.base.Backend): where fla's Hopper
+guard blocks its gated backward (the manifest's fla section says so), fla is timed with the guard lifted
+and its rows say that its gradients are not to be trusted there.
 
-Usage: PYTHONPATH=src:. python -m bench.cell [--matrix-out results/<cell>/bench.json] [--budget-s 180]
+The timing runs with gdn's kernel log on (gdn.matrix.kernels): each row's `implementation` is the route
+gdn resolved followed by what the peer's own dispatch ran for the row's calls ("fla:0.6.0 ->
+gated_delta_rule.chunk_gated_delta_rule: flash_qla; ..."), and with --kernels the timing's calls are the
+"bench" step of the cell's kernels.json.
+
+Usage: python -m gdn.matrix.bench [--matrix-out results/<cell>/bench.json] [--budget-s 180]
 Needs a GPU or NPU; without one it says so and exits 0 (cells without an accelerator run no bench).
 """
 
@@ -48,9 +54,19 @@ from pathlib import Path
 import torch
 
 import gdn
-from bench._common import chunk_inputs, environment, median_ms, peak_gib, pool_decode_inputs, print_table, write_results
+from gdn.kernel_log import KernelLog
 from gdn.matrix.cell import end_group
+from gdn.matrix.kernels import add_step, peer_text, recording
 from gdn.matrix.schema import BenchFile, BenchRow, shape_text
+from gdn.matrix.timing import (
+    chunk_inputs,
+    environment,
+    median_ms,
+    peak_gib,
+    pool_decode_inputs,
+    print_table,
+    write_results,
+)
 from gdn.resolve import backends, compute_mode_override, resolve
 
 CHUNK = "chunk_gated_delta_rule"
@@ -69,15 +85,10 @@ WARM_UP_S = 240.0
 BUDGET_ENV, WARM_UP_ENV = "GDN_BENCH_BUDGET_S", "GDN_BENCH_WARM_UP_S"
 # how long an ended warm-up process has to print its stack before what is left of it is killed
 SIGTERM_GRACE_S = 5.0
-# the eager backend runs torch's own kernels: nothing to compile, so no warm-up process
-NOTHING_TO_COMPILE = ("eager",)
 # do_bench budgets in ms: enough for a stable median of kernels of 0.05-40 ms, small enough that every
 # backend of every shape fits the cell's three minutes (eager's 35 ms fwd+bwd still gets 3 repeats)
 WARMUP_MS, REP_MS = 25, 100
 COLUMNS = ["op", "shape", "pass", "backend", "implementation", "ms", "ratio", "peak_gib", "first_call_s", "reason"]
-# external libraries' adapters: timed after gdn's own backends, since their first calls may autotune or
-# compile for minutes and the budget must not go to them before gdn's rows exist
-PEERS = ("fla", "flashqla")
 
 
 class BudgetSpent(BaseException):
@@ -103,20 +114,11 @@ def serving(device: str) -> list[str]:
 
 
 def timing_order(names: list[str]) -> list[str]:
-    """gdn's own backends first, then the peers, each group in the resolver's order."""
-    return sorted(names, key=lambda name: name in PEERS)
-
-
-def fla_kernel() -> tuple[str | None, bool]:
-    """The kernel fla's own dispatch takes for the chunk op here, and whether its Hopper guard blocks."""
-    try:
-        from gdn.backends import fla_dispatch
-
-        described = fla_dispatch.describe()
-    except Exception:  # fla does not import: its resolution says why
-        return None, False
-    guard = described.get("hopper_guard") or {}
-    return (described.get("chunk") or {}).get("chosen"), bool(guard.get("blocks_gated_backward"))
+    """gdn's own backends first, then the peers (Backend.peer: external libraries' adapters, whose first
+    calls may autotune or compile for minutes, so the budget must not go to them before gdn's rows
+    exist), each group in the resolver's order."""
+    registered = backends()
+    return sorted(names, key=lambda name: registered[name].peer)
 
 
 class Cell:
@@ -131,7 +133,6 @@ class Cell:
         self.budget_s = budget_s
         self.started = time.monotonic()
         self.rows: list[BenchRow] = []
-        self.fla_chunk, self.fla_guard_blocks = fla_kernel()
         self.spent = False
         self.measuring = False
         self.first_calls_only = first_calls_only
@@ -142,6 +143,7 @@ class Cell:
         self.unreached: dict[tuple[str, int], str] = {}
         self.unfinished: dict[tuple[str, int], str] = {}
         self.workload = 0
+        self.log: KernelLog | None = None  # the kernel log in force while timing
 
     @contextlib.contextmanager
     def deadline(self) -> Iterator[None]:
@@ -163,17 +165,6 @@ class Cell:
     def elapsed(self) -> float:
         return time.monotonic() - self.started
 
-    @contextlib.contextmanager
-    def peer_context(self, backend: str, op: str) -> Iterator[str | None]:
-        """fla's Hopper guard lifted around its chunk rows where it blocks them (timing only)."""
-        if backend == "fla" and op == CHUNK and self.fla_guard_blocks:
-            from gdn.backends.fla import bypass_hopper_guard
-
-            with bypass_hopper_guard():
-                yield "fla's Hopper guard lifted for timing: its gated backward is wrong with this Triton here"
-            return
-        yield None
-
     def implementation(self, backend: str, op: str) -> tuple[str | None, str | None]:
         """(route actually resolved, None) or (None, why the backend does not serve op here)."""
         try:
@@ -184,16 +175,14 @@ class Cell:
         if res.backend != backend:
             why = "; ".join(r.reason for r in res.rejected if r.backend == backend)
             return None, why or f"resolved to {res.backend}"
-        route = res.route
-        if backend == "fla" and op == CHUNK and self.fla_chunk:
-            route = f"{route} -> {self.fla_chunk}"
-        return route, None
+        return res.route, None
 
     def measure(self, backend: str, op: str, shape: dict[str, int], passes: dict[str, Callable[[], object]], grads):
-        with self.peer_context(backend, op) as note:
+        with backends()[backend].timing(op) as note:
             route = reason = None
             for name, fn in passes.items():
                 row = BenchRow(op, backend, shape, name, note=note)
+                mark = self.log.mark() if self.log is not None else None
                 self.measuring = True
                 try:
                     self.take_first_call(row)
@@ -205,6 +194,8 @@ class Cell:
                             row.reason = "forward-only kernel: calls that need gradients run eager"
                         if row.reason is None:
                             self.time_pass(row, fn, grads)
+                            peers = peer_text(self.log.since(mark)) if self.log is not None else ""
+                            row.implementation = f"{route} -> {peers}" if peers else route
                 except BudgetSpent:
                     row.ms = row.peak_gib = None
                 finally:
@@ -313,7 +304,7 @@ def run_workload(cell: Cell, backend: str, workload: int) -> None:
 
 def warm_up_command(device: str, backend: str, workload: int, rows_out: Path) -> list[str]:
     return [
-        sys.executable, "-m", "bench.cell", "--device", device, "--first-calls", backend,
+        sys.executable, "-m", "gdn.matrix.bench", "--device", device, "--first-calls", backend,
         "--workload", str(workload), "--rows-out", str(rows_out),
     ]  # fmt: skip
 
@@ -363,21 +354,23 @@ def _row_fields(data: dict) -> dict:
     return data
 
 
-def run(device: str, budget_s: float, warm_up_s: float) -> BenchFile:
+def run(device: str, budget_s: float, warm_up_s: float, kernels: Path | None = None) -> BenchFile:
     started = time.monotonic()
     cell = Cell(device, budget_s)
     names = timing_order(serving(device))
-    compiling = [n for n in names if n not in NOTHING_TO_COMPILE and backends()[n].why_unavailable(device) is None]
+    compiling = [n for n in names if backends()[n].compiles and backends()[n].why_unavailable(device) is None]
     print(f"warm-up: the first calls of {', '.join(compiling) or 'no backend'}, each workload in a process of its own")
     warm_up(cell, compiling, warm_up_s)
     warm_up_elapsed = round(cell.elapsed(), 1)
     print(f"warm-up done after {warm_up_elapsed:.0f} s; timing in this process within {budget_s:.0f} s")
     cell.started = time.monotonic()
     print_row({c: c for c in COLUMNS})
-    with cell.deadline():
+    with recording() as cell.log, cell.deadline():
         for backend in names:
             for workload in range(len(WORKLOADS)):
                 run_workload(cell, backend, workload)
+    if kernels is not None:
+        add_step(kernels, "bench", cell.log.mark())
     cell.rank()
     return BenchFile(
         environment=environment("fla-core", "flash-qla", "tilelang", device=device),
@@ -406,13 +399,14 @@ def seconds_from_env(name: str, default: float) -> float:
     except ValueError:
         seconds = -1.0
     if not seconds > 0:
-        raise SystemExit(f"bench.cell: {name} must be a positive number of seconds, got {text!r}")
+        raise SystemExit(f"gdn.matrix.bench: {name} must be a positive number of seconds, got {text!r}")
     return seconds
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m bench.cell", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m gdn.matrix.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--matrix-out", type=Path, help="write the cell's bench.json here")
+    parser.add_argument("--kernels", type=Path, help="add what the timing's calls ran to this kernels.json")
     parser.add_argument(
         "--budget-s",
         type=float,
@@ -439,9 +433,9 @@ def main(argv: list[str] | None = None) -> int:
         return first_calls(args.device, args.first_calls, args.workload, args.rows_out)
     device = accelerator()
     if device is None:
-        print("bench.cell: needs a GPU or an NPU (none is visible); nothing timed")
+        print("gdn.matrix.bench: needs a GPU or an NPU (none is visible); nothing timed")
         return 0
-    bench = run(device, args.budget_s, args.warm_up_s)
+    bench = run(device, args.budget_s, args.warm_up_s, args.kernels)
     payload = bench.to_json()
     print()
     print_table([_printable(r) for r in bench.rows], COLUMNS)

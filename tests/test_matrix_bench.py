@@ -1,4 +1,4 @@
-"""bench.cell on a machine without an accelerator: it says it needs one and exits 0 without writing a
+"""gdn.matrix.bench on a machine without an accelerator: it says it needs one and exits 0 without writing a
 bench.json (a cell's bench runs only on accelerator cells); and the cell entry runs it as the bench."""
 
 from __future__ import annotations
@@ -6,17 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdn.backends import fla as fla_backend
 from gdn.matrix import entry
 
 pytestmark = pytest.mark.tooling
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: bench.cell would time it")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: gdn.matrix.bench would time it")
 def test_without_an_accelerator_it_says_so_and_writes_nothing(tmp_path, capsys):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     if cell.accelerator() is not None:
-        pytest.skip("an NPU is visible: bench.cell would time it")
+        pytest.skip("an NPU is visible: gdn.matrix.bench would time it")
     out = tmp_path / "bench.json"
     assert cell.main(["--matrix-out", str(out)]) == 0
     assert "needs a GPU or an NPU" in capsys.readouterr().out
@@ -31,13 +32,14 @@ def test_the_cell_entry_runs_bench_cell(tmp_path, monkeypatch):
         lambda name, command, cwd, env: commands.append(command) or {"step": name, "exit_code": 0, "duration_s": 0},
     )
     entry.main(["--cell", "c", "--out", str(tmp_path), "--families", "probe", "--bench"])
-    [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].startswith("bench")]
-    assert bench[bench.index("-m") + 1] == "bench.cell"
-    assert bench[-2:] == ["--matrix-out", str(tmp_path / "bench.json")]
+    [bench] = [c for c in commands if "-m" in c and c[c.index("-m") + 1].endswith("bench")]
+    assert bench[bench.index("-m") + 1] == "gdn.matrix.bench"
+    assert bench[bench.index("--matrix-out") + 1] == str(tmp_path / "bench.json")
+    assert bench[bench.index("--kernels") + 1] == str(tmp_path / "kernels.json")
 
 
 def test_peers_are_timed_after_gdns_own_backends():
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     assert cell.timing_order(["triton", "fla", "flashqla", "eager"]) == ["triton", "eager", "fla", "flashqla"]
 
@@ -46,9 +48,9 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
     """A first call that autotunes for minutes must not hold the cell past its budget."""
     import time
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.5)
     monkeypatch.setattr(bench, "implementation", lambda backend, op: (f"{backend}:route", None))
     slow = {"fwd": lambda: time.sleep(30), "fwd+bwd": lambda: None}
@@ -67,9 +69,9 @@ def test_the_budget_interrupts_a_call_in_progress_and_the_rest_say_so(monkeypatc
 
 
 def test_a_missing_peer_says_so_even_after_the_budget(monkeypatch):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     bench = cell.Cell("cpu", budget_s=0.0)
     bench.spent = True
     bench.measure("fla", cell.CHUNK, {"B": 1}, {"fwd": lambda: None}, None)
@@ -100,11 +102,11 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
     that workload's first calls itself, saying so; a warm-up that failed gives its rows the reason."""
     import time
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     shape = {"B": 1}
     row = {"op": cell.CHUNK, "backend": "triton", "shape": shape, "pass": "fwd", "first_call_s": 97.5}
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "WORKLOADS", (("chunk", (1,)),))
     monkeypatch.setattr(
         cell, "warm_up_command", lambda device, backend, workload, rows_out: _fake_warm_up(backend, rows_out, row)
@@ -131,9 +133,9 @@ def test_the_warm_up_runs_first_calls_apart_ends_the_slow_and_the_timing_takes_i
 def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes(tmp_path, monkeypatch):
     import json
 
-    from bench import cell
+    from gdn.matrix import bench as cell
 
-    monkeypatch.setattr(cell, "fla_kernel", lambda: (None, False))
+    monkeypatch.setattr(fla_backend, "hopper_guard_blocks", lambda: False)
     monkeypatch.setattr(cell, "median_ms", lambda *a, **k: pytest.fail("a warm-up process does not time"))
     monkeypatch.setattr(cell.torch, "cpu", type("Cpu", (), {"synchronize": staticmethod(lambda: None)}), raising=False)
     rows_out = tmp_path / "rows.jsonl"
@@ -149,7 +151,7 @@ def test_a_warm_up_process_makes_only_first_calls_and_writes_each_row_as_it_goes
 
 
 def test_the_budgets_come_from_the_environment_where_the_entry_runs_the_bench(monkeypatch):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setenv(cell.WARM_UP_ENV, "90")
     monkeypatch.setenv(cell.BUDGET_ENV, "60.5")
@@ -160,7 +162,7 @@ def test_the_budgets_come_from_the_environment_where_the_entry_runs_the_bench(mo
 
 @pytest.mark.parametrize("text", ["soon", "0", "-5"])
 def test_a_budget_that_is_not_a_positive_number_is_refused_by_name(monkeypatch, text):
-    from bench import cell
+    from gdn.matrix import bench as cell
 
     monkeypatch.setenv(cell.WARM_UP_ENV, text)
     with pytest.raises(SystemExit, match=f"GDN_BENCH_WARM_UP_S must be a positive number of seconds, got '{text}'"):

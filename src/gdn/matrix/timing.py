@@ -1,6 +1,6 @@
-"""Shared pieces of the benchmarks: the inputs (chunk op, state-pool decode), timing
-(triton.testing.do_bench, median), peak memory, the environment stamp (card, versions, date) and the
-results file."""
+"""Shared pieces of the benchmarks (the cell's, gdn.matrix.bench, and the studies under the checkout's
+bench/): the inputs (chunk op, state-pool decode), timing (triton.testing.do_bench, median), peak
+memory, the environment stamp (card, versions, date) and the results file."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-RESULTS_DIR = Path(__file__).parent / "results"
+# the checkout's bench/results: src/gdn/matrix/timing.py -> the checkout root
+RESULTS_DIR = Path(__file__).resolve().parents[3] / "bench" / "results"
 
 
 def versions(*dists: str) -> dict[str, str | None]:
@@ -34,6 +35,8 @@ def environment(*dists: str, device: str = "cuda") -> dict:
         "python": platform.python_version(),
         "versions": versions(*dists),
     }
+    if device == "cpu":  # a dry run of a script written for the accelerator
+        return {**stamp, "device": device, "card": platform.processor() or platform.machine()}
     if device != "cuda":
         return {**stamp, "device": device, "card": getattr(torch, device).get_device_name(0)}
     props = torch.cuda.get_device_properties(0)

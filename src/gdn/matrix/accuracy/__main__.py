@@ -1,0 +1,5 @@
+import sys
+
+from gdn.matrix.accuracy import main
+
+sys.exit(main())

@@ -1,0 +1,352 @@
+"""Each GDN op, declared once: its arguments (position, keyword-only, type, default, whether the small
+tensors are read densely), what it returns and writes in place, what a peer library calls it, and the
+custom ops (gdn.library) it becomes inside torch.compile. The public signatures (gdn.ops), the binding
+of a call to its arguments (gdn.calls), the custom-op schemas and fakes (gdn.library), the step cache's
+tensors (gdn.prepared) and the transformers integration's names all read these.
+
+Kept free of torch, so that configuration code can read the op names (gdn.op_names)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+REQUIRED = inspect.Parameter.empty
+# an argument's type as the custom-op schema writes it, and as the public signature annotates it
+_ANNOTATIONS = {"Tensor": "torch.Tensor", "float": "float", "bool": "bool", "str": "str", "object": "object"}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One argument. `kind` is its schema type without optionality (`Tensor`, `float`, `bool`, `str`;
+    `object` for a peer's argument that no custom op carries); a default of None makes it optional.
+    `carried` is False where the custom op has no place for it: a peer's feature gdn refuses unless it
+    holds its default (`refused` says which feature gdn lacks), or a legacy flag that must hold it.
+    `dense`: a small tensor (offsets, slot indices, flags, bias, conv weight, gate parameters) the
+    kernels read as a dense buffer without strides, made contiguous once for every backend; the large
+    operands and the state pools keep their strides (a pool is written in place)."""
+
+    name: str
+    kind: str = "Tensor"
+    default: Any = REQUIRED
+    keyword_only: bool = False
+    carried: bool = True
+    dense: bool = False
+    refused: str | None = None
+
+    @property
+    def optional(self) -> bool:
+        return self.default is None
+
+    def annotation(self) -> str:
+        base = _ANNOTATIONS[self.kind]
+        return f"{base} | None" if self.optional and self.kind != "object" else base
+
+    def parameter(self) -> inspect.Parameter:
+        kind = inspect.Parameter.KEYWORD_ONLY if self.keyword_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        return inspect.Parameter(self.name, kind, default=self.default, annotation=self.annotation())
+
+
+@dataclass(frozen=True)
+class Output:
+    """One returned tensor: the input it takes its shape (and, without `dtype`, its dtype) from; None
+    where its shape follows from the validated call (a final state: gdn.library computes it). `asked_by`
+    names the flag that asks for it; not asked for, it is None in the public result (`dropped`: left out
+    of it)."""
+
+    name: str
+    like: str | None
+    dtype: str | None = None
+    asked_by: str | None = None
+    dropped: bool = False
+
+
+@dataclass(frozen=True)
+class CustomOp:
+    """A custom op an op becomes in a compiled region: its name, the arguments it carries (in order),
+    those it requires although the op does not, its outputs and the arguments that get gradients (none:
+    inference only). `selected_by` names an argument whose being given picks this custom op over the
+    op's first one."""
+
+    name: str
+    args: tuple[str, ...]
+    outputs: tuple[Output, ...]
+    grads: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    selected_by: str | None = None
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op. `peer_positional`: the library gdn is a drop-in for and what it binds at the first
+    position gdn does not share with it (an extra positional argument is refused by that name).
+    `step_tensors`: how many leading positional arguments are the tensors of its prepared step (0:
+    none). `transformers`: the names transformers' GDN layers look it up by (an instance attribute up
+    to 5.14, a module-level function from 5.15). `mutates`: the arguments written in place."""
+
+    name: str
+    args: tuple[Arg, ...]
+    outputs: tuple[Output, ...]
+    grads: tuple[str, ...] = ()
+    mutates: tuple[str, ...] = ()
+    forms: tuple[CustomOp, ...] = ()
+    peer_positional: tuple[str, str] | None = None
+    step_tensors: int = 0
+    transformers: tuple[str, str] | None = None
+
+    def arg(self, name: str) -> Arg:
+        return next(a for a in self.args if a.name == name)
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args)
+
+    @functools.cached_property
+    def positional(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args if not a.keyword_only)
+
+    @functools.cached_property
+    def required(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args if a.default is REQUIRED)
+
+    @functools.cached_property
+    def dense(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args if a.dense)
+
+    @functools.cached_property
+    def refused(self) -> tuple[Arg, ...]:
+        return tuple(a for a in self.args if a.refused is not None)
+
+    def signature(self) -> inspect.Signature:
+        return inspect.Signature([a.parameter() for a in self.args])
+
+    @functools.cached_property
+    def custom_ops(self) -> tuple[CustomOp, ...]:
+        """The custom ops it becomes: its forms, or one of its name carrying every carried argument."""
+        if self.forms:
+            return self.forms
+        carried = tuple(a.name for a in self.args if a.carried)
+        return (CustomOp(self.name, carried, self.outputs, self.grads),)
+
+    def schema_type(self, name: str, form: CustomOp) -> str:
+        arg = self.arg(name)
+        written = "(a!)" if name in self.mutates else ""
+        optional = "?" if arg.optional and name not in form.required else ""
+        return f"{arg.kind}{written}{optional}"
+
+    @functools.cached_property
+    def _template(self) -> dict[str, Any]:
+        return {a.name: a.default for a in self.args}
+
+    def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Every argument's value in a call `self.name(*args, **kwargs)`, in the spec's order, defaults
+        filled in; or the TypeError of a call its signature cannot bind (an extra positional argument
+        of a peer's call is refused by the name the peer gives it)."""
+        positional = self.positional
+        if len(args) > len(positional):
+            self._refuse_extra_positionals(len(args))
+        values = dict(self._template)
+        values.update(zip(positional, args, strict=False))
+        if kwargs:
+            given = positional[: len(args)]
+            for name, value in kwargs.items():
+                if name not in values:
+                    raise TypeError(f"{self.name}() got an unexpected keyword argument '{name}'")
+                if name in given:
+                    raise TypeError(f"{self.name}() got multiple values for argument '{name}'")
+                values[name] = value
+        if len(args) < self._bound_by_position:
+            missing = [n for n in self.required if values[n] is REQUIRED]
+            if missing:
+                raise TypeError(self._missing(missing))
+        return values
+
+    def _missing(self, missing: list[str]) -> str:
+        """Python's own message for missing arguments: the positional ones first, else keyword-only."""
+        positional = [n for n in missing if n in self.positional]
+        names, kind = (positional, "positional") if positional else (missing, "keyword-only")
+        quoted = [f"'{n}'" for n in names]
+        listed = " and ".join(quoted) if len(quoted) < 3 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
+        plural = "s" if len(names) > 1 else ""
+        return f"{self.name}() missing {len(names)} required {kind} argument{plural}: {listed}"
+
+    @functools.cached_property
+    def _bound_by_position(self) -> int:
+        """How many positional arguments bind every required one (any more: none is missing)."""
+        if any(a.keyword_only and a.default is REQUIRED for a in self.args):
+            return len(self.positional) + 1  # a required keyword: always look
+        return max((i + 1 for i, a in enumerate(self.args) if a.default is REQUIRED), default=0)
+
+    def _refuse_extra_positionals(self, given: int) -> None:
+        positional = self.positional
+        if self.peer_positional is not None:
+            peer, name = self.peer_positional
+            raise TypeError(
+                f"{self.name}: argument {len(positional) + 1} ('{name}' in {peer}) must be passed by keyword: gdn "
+                f"takes only {', '.join(positional)} by position"
+            )
+        least = sum(1 for n in positional if n in self.required)
+        takes = str(len(positional)) if least == len(positional) else f"from {least} to {len(positional)}"
+        raise TypeError(f"{self.name}() takes {takes} positional arguments but {given} were given")
+
+
+def _refused(name: str, kind: str, feature: str) -> Arg:
+    """A peer's keyword for a feature gdn does not implement: its default passes, anything else is
+    refused by name rather than ignored."""
+    return Arg(name, kind, False if kind == "bool" else None, True, carried=False, refused=feature)
+
+
+_GATED_TOKENS = (Arg("q"), Arg("k"), Arg("v"), Arg("g"))
+_FLA_REFUSED = (
+    _refused("use_beta_sigmoid_in_kernel", "bool", "beta = sigmoid(beta) in the kernel"),
+    _refused("allow_neg_eigval", "bool", "beta scaled to (0, 2)"),
+)
+_IN_KERNEL_GATE = "the gate computed in the kernel"
+_GDN_OUTPUTS = (Output("o", like="v"), Output("final_state", None, "float32", asked_by="output_final_state"))
+_GDN_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
+
+
+_CHUNK_ARGS = (
+    *_GATED_TOKENS,
+    Arg("beta"),
+    Arg("scale", "float", None),
+    Arg("initial_state", "Tensor", None),
+    Arg("output_final_state", "bool", False),
+    Arg("cu_seqlens", "Tensor", None, True, dense=True),
+    Arg("use_qk_l2norm_in_kernel", "bool", False, True),
+    Arg("head_first", "bool", False, True, carried=False),
+    *_FLA_REFUSED,
+    Arg("state_v_first", "bool", False, True),
+    _refused("cu_seqlens_cpu", "Tensor", "a host copy of cu_seqlens; pass cu_seqlens only"),
+    _refused("chunk_indices", "Tensor", "precomputed chunk indices; they follow from cu_seqlens"),
+    _refused("cp_context", "object", "context parallelism"),
+)
+_RECURRENT_ARGS = (
+    *_GATED_TOKENS,
+    Arg("beta", keyword_only=True),
+    Arg("scale", "float", None, True),
+    Arg("initial_state", "Tensor", None, True),
+    Arg("output_final_state", "bool", False, True),
+    Arg("cu_seqlens", "Tensor", None, True, dense=True),
+    Arg("use_qk_l2norm_in_kernel", "bool", False, True),
+    Arg("head_first", "bool", False, True, carried=False),
+    _refused("gk", "Tensor", "a per-key gate"),
+    _refused("gv", "Tensor", "a per-value gate"),
+    _refused("use_gate_in_kernel", "bool", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating computes g)"),
+    _refused("A_log", "Tensor", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating takes A_log)"),
+    _refused("dt_bias", "Tensor", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating takes dt_bias)"),
+    *_FLA_REFUSED,
+    Arg("state_v_first", "bool", False, True),
+)
+_CONV_FN_ARGS = (
+    Arg("x"),
+    Arg("weight", dense=True),
+    Arg("bias", "Tensor", None, dense=True),
+    Arg("activation", "str", None, True),
+    Arg("seq_idx", "Tensor", None, True, dense=True),
+    Arg("initial_states", "Tensor", None, True),
+    Arg("return_final_states", "bool", False, True),
+    _refused("final_states_out", "Tensor", "a preallocated final-state output"),
+    Arg("query_start_loc", "Tensor", None, True, dense=True),
+    Arg("conv_states", "Tensor", None, True),
+    Arg("cache_indices", "Tensor", None, True, dense=True),
+    Arg("has_initial_state", "Tensor", None, True, dense=True),
+)
+_CONV_OUTPUTS = (Output("out", like="x"), Output("final_states", None, asked_by="return_final_states", dropped=True))
+_CONV_GRADS = ("x", "weight", "bias", "initial_states")
+
+SPECS = (
+    OpSpec(
+        "chunk_gated_delta_rule",
+        _CHUNK_ARGS,
+        _GDN_OUTPUTS,
+        _GDN_GRADS,
+        peer_positional=("fla", "use_qk_l2norm_in_kernel"),
+        transformers=("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+    ),
+    OpSpec(
+        "fused_recurrent_gated_delta_rule",
+        _RECURRENT_ARGS,
+        _GDN_OUTPUTS,
+        _GDN_GRADS,
+        peer_positional=("fla", "gk"),
+        transformers=("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+    ),
+    OpSpec(
+        "fused_recurrent_gated_delta_rule_update",
+        (
+            *_GATED_TOKENS,
+            Arg("beta"),
+            Arg("ssm_pool"),
+            Arg("ssm_indices", dense=True),
+            Arg("scale", "float", None),
+            Arg("cu_seqlens", "Tensor", None, dense=True),
+            Arg("use_qk_l2norm_in_kernel", "bool", False),
+            Arg("state_v_first", "bool", False, True),
+        ),
+        (Output("o", like="v"),),
+        mutates=("ssm_pool",),
+        step_tensors=7,  # q, k, v, g, beta, ssm_pool, ssm_indices
+    ),
+    OpSpec(
+        "causal_conv1d_fn",
+        _CONV_FN_ARGS,
+        _CONV_OUTPUTS,
+        _CONV_GRADS,
+        mutates=("conv_states",),
+        forms=(
+            CustomOp(
+                "causal_conv1d_fn",
+                ("x", "weight", "bias", "activation", "seq_idx", "initial_states", "return_final_states"),
+                _CONV_OUTPUTS,
+                _CONV_GRADS,
+            ),
+            # the varlen form writes its conv-state pool: an inference op of its own (no autograd with a mutation)
+            CustomOp(
+                "causal_conv1d_fn_varlen",
+                (
+                    "x",
+                    "weight",
+                    "bias",
+                    "activation",
+                    "query_start_loc",
+                    "conv_states",
+                    "cache_indices",
+                    "has_initial_state",
+                ),
+                (Output("out", like="x"),),
+                required=("query_start_loc",),
+                selected_by="query_start_loc",
+            ),
+        ),
+        peer_positional=("causal-conv1d", "seq_idx"),
+        transformers=("causal_conv1d_fn", "causal_conv1d_fn"),
+    ),
+    OpSpec(
+        "causal_conv1d_update",
+        (
+            Arg("x"),
+            Arg("conv_state"),
+            Arg("weight", dense=True),
+            Arg("bias", "Tensor", None, dense=True),
+            Arg("activation", "str", None),
+            Arg("conv_state_indices", "Tensor", None, True, dense=True),
+            _refused("cache_seqlens", "Tensor", "a circular conv-state buffer"),
+        ),
+        (Output("out", like="x"),),
+        mutates=("conv_state",),
+        peer_positional=("causal-conv1d", "cache_seqlens"),
+        transformers=("causal_conv1d_update", "causal_conv1d_update"),
+    ),
+    OpSpec("l2norm", (Arg("x"), Arg("eps", "float", 1e-6)), (Output("y", like="x"),), ("x",)),
+    OpSpec(
+        "fused_gdn_gating",
+        (Arg("A_log", dense=True), Arg("a"), Arg("b"), Arg("dt_bias", dense=True)),
+        (Output("g", like="a", dtype="float32"), Output("beta", like="b")),
+        ("A_log", "a", "b", "dt_bias"),
+    ),
+)
+BY_NAME = {spec.name: spec for spec in SPECS}
