@@ -29,7 +29,7 @@ tests)
     python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
     timeout 120 python3 -m bench.cold_start --impls gdn 2>&1 | tail -30
     unpack .whl/flashqla.tar.xz || exit
-    timeout 400 python3 - >"$OUT/flashqla-warm.log" 2>&1 <<'EOF' &
+    timeout 330 python3 - >"$OUT/flashqla-warm.log" 2>&1 <<'EOF' &
 import functools, time, torch
 from bench.chunk import LENGTHS, ROWS, flashqla_impl, forward_of, fwd_bwd_of, packed_offsets
 from gdn.matrix.timing import chunk_inputs
@@ -45,7 +45,7 @@ for B, T, H, HV, D, packed in ROWS:
     print(B, T, packed, f"{time.perf_counter() - start:.1f} s", flush=True)
 EOF
     warm=$!
-    timeout 420 python3 -m pytest -q -n 4 -p no:cacheprovider \
+    timeout 320 python3 -m pytest -q -n 4 -p no:cacheprovider \
         tests/test_triton_chunk.py tests/test_cuda_graphs.py tests/test_pool_guard.py tests/test_complete_decay.py \
         --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1
     echo "pytest exit $?"
@@ -59,14 +59,14 @@ timing)
     unpacking=$!
     timeout 240 python3 -m bench.public_calls --rounds 3 \
         --tree before-specs=.trees/before45 --tree after-specs=.trees/after45 --tree this=. 2>&1 | tail -15
-    timeout 200 python3 -m bench.chunk --split --profile 2>&1 | tail -45
+    timeout 180 python3 -m bench.chunk --split --profile 2>&1 | tail -45
     for fused in 0 1; do
-        timeout 120 python3 -c "
+        timeout 90 python3 -c "
 import sys
 from gdn.backends.triton.common import config
 from gdn.matrix import accuracy
 config.OVERRIDES.update(fused_backward=$fused)
-sys.exit(accuracy.main(['--backends', 'triton', '--ops', 'chunk_gated_delta_rule', '--output', '$OUT/accuracy-fused$fused.json']))
+sys.exit(accuracy.main(['--backends', 'triton', '--ops', 'chunk_gated_delta_rule', '--budget-s', '60', '--output', '$OUT/accuracy-fused$fused.json']))
 " 2>&1 | tail -30
     done
     wait $unpacking
@@ -74,7 +74,7 @@ sys.exit(accuracy.main(['--backends', 'triton', '--ops', 'chunk_gated_delta_rule
     ;;
 peers)
     unpack .whl/flashinfer.tar.xz || exit
-    timeout 560 python3 -m bench.chunk --profile --impls triton triton-fused flashqla flashinfer 2>&1 | tail -80
+    timeout 540 python3 -m bench.chunk --profile --impls triton triton-fused flashqla flashinfer 2>&1 | tail -80
     ;;
 *)
     echo "unknown stage $stage" >&2
