@@ -19,9 +19,7 @@ FlashInfer (0.7.2: `flashinfer.gdn_prefill.chunk_gated_delta_rule`, its CuTe DSL
 forward-only peer: it takes packed [T, heads, D] tensors with cu_seqlens (a dense row goes as B
 sequences of T), the gate as a factor (exp(g), fp32) and beta in fp32, and has no backward; its rows
 time, profile and compare the forward alone (`fwd_*`, `kernel_ms` of the forward), against gdn's
-forward kernels (`fwd_kernel_vs_flashinfer`). `triton-fused` is gdn's triton backend with the fused
-reverse walk switched on (config.OVERRIDES fused_backward=1, common/walk.py): the backward's A/B in the
-same rows.
+forward kernels (`fwd_kernel_vs_flashinfer`).
 
 Rows: (B, T) = (1, 8192), (4, 4096), (1, 32768), a packed row of 64 sequences of uneven length (64-960
 tokens drawn, scaled to 32,768 in all) as GRPO rollouts pack, (1, 65536), and 512 packed sequences of
@@ -121,12 +119,6 @@ SWEEP = [
     # memory access that ends the process's CUDA context.
     {"state_stages": 2, "state_bwd_stages": 2},
     {"state_stages": 1, "state_bwd_stages": 1},
-    # the fused reverse walk (off by default): its slice and warps (ptxas, sm_90, Triton 3.6: 2236 bytes
-    # of spills at 64 columns over 8 warps, 2704 over 4, 1668 at 32 over 4) and two pipeline stages
-    {"fused_backward": 1},
-    {"fused_backward": 1, "fused_warps": 4},
-    {"fused_backward": 1, "fused_bv": 32, "fused_warps": 4},
-    {"fused_backward": 1, "fused_stages": 2},
 ]
 PROFILED_REPS = 5
 
@@ -139,14 +131,12 @@ def packed_offsets(sequences: int, tokens: int, lengths: tuple[int, int], device
     return torch.cat([scaled.new_zeros(1), scaled.cumsum(0)]).to(device, torch.int32)
 
 
-def gdn_impl(mode: str, knobs: dict | None = None):
-    """gdn's public op on a backend; with `knobs` set in config.OVERRIDES around each forward (the tiles
-    a forward takes are kept for its backward, which decide the fused walk)."""
+def gdn_impl(mode: str):
+    """gdn's public op on a backend."""
 
     def run(q, k, v, g, beta, cu_seqlens=None):
         gdn.set_compute_mode(mode)
-        with overrides(knobs) if knobs else contextlib.nullcontext():
-            return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
+        return gdn.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens)
 
     return run
 
@@ -382,7 +372,7 @@ def kernel_times(fn, inputs, do, shape: str, impl: str, forward_only: bool = Fal
     return sorted(rows, key=lambda r: -r["ms"])
 
 
-IMPLS = ("triton", "triton-fused", "fla", "flashqla", "fla-triton", "flashinfer", "eager")
+IMPLS = ("triton", "fla", "flashqla", "fla-triton", "flashinfer", "eager")
 FORWARD_ONLY = {"flashinfer"}
 
 
@@ -435,7 +425,6 @@ def main() -> None:
     wanted = {"triton"} if args.split else set(args.impls) | {"eager"}  # every error is measured against eager
     impls = {
         "triton": gdn_impl("triton") if "triton" in wanted else None,
-        "triton-fused": gdn_impl("triton", {"fused_backward": 1}) if "triton-fused" in wanted else None,
         "fla": fla_impl() if "fla" in wanted else None,
         "flashqla": flashqla_impl() if wanted & {"flashqla", "fla-triton"} else None,
         "flashinfer": flashinfer_impl() if "flashinfer" in wanted else None,
@@ -479,7 +468,7 @@ def main() -> None:
                     done += 1  # this shape's rows were measured; its sweep says where it stopped
                     break
             if args.profile and not args.split:
-                for name in ("triton", "triton-fused", "fla", "flashqla"):
+                for name in ("triton", "fla", "flashqla"):
                     if name in bound:
                         kernels += kernel_times(bound[name], inputs, do, shape, name)
                 if "flashinfer" in bound:  # forward against forward: gdn's forward kernels beside it

@@ -11,6 +11,7 @@
 #           the op specs, after them, this checkout), the split sweep, the accuracy rows of the chunk op
 #           with the fused walk off and on
 #   peers   carry .whl/flashinfer.tar.xz: bench.chunk --profile, every peer, one run
+#   verify  carry nothing: the GPU tests alone (after a change the study decided)
 #
 # .whl/base holds pydantic and what it needs (the H200 image has none; gdn.matrix reads with it), .trees
 # the older trees (`git archive <commit> src | tar -x -C .trees --one-top-level=<name>`). Everything it
@@ -21,6 +22,14 @@ export PYTHONPATH=/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$PWD/src:$
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/site
 unpack() { tar -xJf "$1" -C /tmp/site; }
+
+gpu_tests() {
+    timeout 320 python3 -m pytest -q -n 4 -p no:cacheprovider \
+        tests/test_triton_chunk.py tests/test_cuda_graphs.py tests/test_pool_guard.py tests/test_complete_decay.py \
+        --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1
+    echo "pytest exit $?"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30
+}
 
 case "$stage" in
 tests)
@@ -45,11 +54,7 @@ for B, T, H, HV, D, packed in ROWS:
     print(B, T, packed, f"{time.perf_counter() - start:.1f} s", flush=True)
 EOF
     warm=$!
-    timeout 320 python3 -m pytest -q -n 4 -p no:cacheprovider \
-        tests/test_triton_chunk.py tests/test_cuda_graphs.py tests/test_pool_guard.py tests/test_complete_decay.py \
-        --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1
-    echo "pytest exit $?"
-    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30
+    gpu_tests
     wait $warm
     echo "flashqla warm-up exit $?"
     cat "$OUT/flashqla-warm.log" | tail -12
@@ -71,6 +76,10 @@ sys.exit(accuracy.main(['--backends', 'triton', '--ops', 'chunk_gated_delta_rule
     done
     wait $unpacking
     echo "unpacked flashinfer-mlir: $?"
+    ;;
+verify)
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/base/*.whl || exit
+    gpu_tests
     ;;
 peers)
     unpack .whl/flashinfer.tar.xz || exit

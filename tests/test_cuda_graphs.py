@@ -120,3 +120,22 @@ def test_a_packed_prefill_replays_with_new_lengths_like_the_eager_call(gen):
     fresh = [0, *lengths[torch.randperm(N, generator=gen)].cumsum(0).tolist()]
     with compute_mode_override("triton"):
         replay_equals_eager(packed_prefill, packed_inputs(gen, N, heads, static), packed_inputs(gen, N, heads, fresh))
+
+
+@torch.no_grad()
+def test_a_packed_prefill_of_few_sequences_is_captured_whole(gen):
+    """Few sequences of few heads, where the state passes split a call's sequences outside a capture (the
+    split reads the plan back to the host): captured, the call keeps its sequences whole, and replays
+    with new lengths like the eager call."""
+    from gdn.backends.triton import chunk as triton_chunk
+    from gdn.calls import PREPARE
+
+    heads, N = 4, 2
+    static, fresh = [0, 900, 1000], [0, 130, 1000]
+    given = packed_inputs(gen, N, heads, static)
+    call = PREPARE["chunk_gated_delta_rule"](
+        *(given[name] for name in ("q", "k", "v", "g", "beta")), cu_seqlens=given["cu_seqlens"]
+    )
+    assert triton_chunk._plan(call).split is not None, "outside a capture these sequences split"
+    with compute_mode_override("triton"):
+        replay_equals_eager(packed_prefill, packed_inputs(gen, N, heads, static), packed_inputs(gen, N, heads, fresh))

@@ -30,7 +30,7 @@ from gdn.backends.triton import chunk_index, compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
 from gdn.backends.triton._common import is_interpreting  # noqa: E402
 from gdn.backends.triton.chunk_index import plan_chunks, read_back, split_sequences  # noqa: E402
-from gdn.backends.triton.common import config, output, qk_grads, state, walk, wy, wy_bwd  # noqa: E402
+from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
 from test_triton_decode import run_on_hopper_compiler  # noqa: E402
@@ -43,7 +43,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 # 9.4e-3; every other output and gradient at most 7.8e-3. A wrong term is off by O(1).
 HALF_REDUCED_GRAD_TOL = {"dg": 2e-2, "dbeta": 2e-2}
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state")
-KERNEL_MODULES = (chunk_index, wy, wy_bwd, state, output, qk_grads, walk, triton_l2norm)
+KERNEL_MODULES = (chunk_index, wy, wy_bwd, state, output, qk_grads, triton_l2norm)
 # the packed plan's kernels (a packed call's, on the device)
 TABLE_KERNELS = {"_offsets_kernel", "_chunk_rows_kernel"}
 
@@ -259,6 +259,28 @@ def test_split_state_passes_match_fp64_recurrence(batch, T, chunks, with_state, 
     check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=bounds, l2norm=l2norm)
 
 
+@pytest.mark.single_op
+def test_a_packed_call_under_capture_keeps_its_sequences_whole(gen, monkeypatch):
+    """Where the state passes would split a packed call's sequences, the split needs the plan on the host
+    (one device-to-host copy), which a CUDA graph cannot capture: during capture the call keeps its
+    sequences whole, reads nothing back and gives the fp64 recurrence's answer."""
+    split_every(monkeypatch, 2)
+    bounds = [0, 70, 300, 330]
+    inputs = make_inputs(gen, 330, 1, 2, 48, 40, N=3)
+    call = PREPARE["chunk_gated_delta_rule"](
+        *(x.to(DEVICE) for x in inputs[:5]), cu_seqlens=torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
+    )
+    assert triton_chunk._plan(call).split is not None, "outside a capture the sequences split"
+
+    def no_read_back(plan):
+        raise AssertionError("a packed plan read back to the host during capture")
+
+    monkeypatch.setattr(triton_chunk, "_capturing", lambda device: True)
+    monkeypatch.setattr(triton_chunk, "read_back", no_read_back)
+    assert triton_chunk._plan(call).split is None
+    check_against_recurrence(gen, inputs, TOL[torch.float32], cu_seqlens=bounds, l2norm=True)
+
+
 @pytest.mark.shape_grid
 def test_split_forward_with_a_whole_backward(gen, monkeypatch):
     """split_backward = 0: the forward's state passes (the backward's recomputation too) split, the
@@ -359,106 +381,6 @@ def test_output_kernel_path_matches_fp64_recurrence(l2norm, gen, monkeypatch):
     monkeypatch.setattr(config, "OVERRIDES", {"output_in_state_bv": 0})
     inputs = make_inputs(gen, 100, 1, 2, 64, 48, dtype=torch.bfloat16)
     check_against_recurrence(gen, inputs, TOL[torch.bfloat16], l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL)
-
-
-def walk_on(monkeypatch) -> list:
-    """The fused reverse walk switched on (config.OVERRIDES); -> the list its launches are counted in."""
-    monkeypatch.setattr(config, "OVERRIDES", {**config.OVERRIDES, "fused_backward": 1})
-    walked = []
-    original = triton_chunk.walk_backward
-    monkeypatch.setattr(triton_chunk, "walk_backward", lambda *a: walked.append(1) or original(*a))
-    return walked
-
-
-# (sequence bounds or a dense batch B, T, H, HV, K, V, initial state, final state, l2norm, dtype): grouped
-# value heads, V under the walk's slice, K not a power of two (the second half of K partly masked),
-# whole chunks, one-token and empty sequences, K = V = 128 (the GPU's shape)
-WALK_CASES = [
-    (2, 100, 1, 2, 64, 64, True, True, True, torch.bfloat16),
-    ([0, 1, 65, 129, 192, 250], 250, 2, 4, 32, 48, False, False, True, torch.bfloat16),
-    ([0, 64, 64, 127, 128], 128, 1, 2, 100, 60, True, True, False, torch.float16),
-    (1, 130, 1, 2, 128, 128, True, False, True, torch.bfloat16),
-]
-
-
-@pytest.mark.shape_grid
-@pytest.mark.parametrize(("batch", "T", "H", "HV", "K", "V", "with_state", "final", "l2norm", "dtype"), WALK_CASES)
-def test_fused_walk_matches_fp64_recurrence(batch, T, H, HV, K, V, with_state, final, l2norm, dtype, gen, monkeypatch):
-    """The backward through the fused reverse walk and its group reduce (common/walk.py): every gradient
-    against the fp64 recurrence, dense and packed, with and without initial and final states."""
-    walked = walk_on(monkeypatch)
-    bounds = batch if isinstance(batch, list) else None
-    N = len(bounds) - 1 if bounds else batch
-    inputs = make_inputs(gen, T, H, HV, K, V, B=1 if bounds else batch, N=N, dtype=dtype, with_state=with_state)
-    check_against_recurrence(
-        gen, inputs, TOL[dtype], cu_seqlens=bounds, l2norm=l2norm, tol_of=HALF_REDUCED_GRAD_TOL, final_state=final
-    )
-    assert walked, "the backward did not take the fused walk"
-
-
-@pytest.mark.single_op
-@pytest.mark.parametrize("final", [False, True], ids=["no-final-state", "final-state"])
-def test_fused_walk_agrees_with_the_portable_backward(final, gen, monkeypatch):
-    """On the same inputs (packed, grouped heads, initial state) the fused walk's gradients are the
-    portable kernels' up to bf16 roundings."""
-    bounds = [0, 1, 65, 200]
-    inputs = make_inputs(gen, 200, 2, 4, 64, 64, N=3, dtype=torch.bfloat16)
-    do = torch.randn(1, 200, 4, 64, generator=gen).to(DEVICE, torch.bfloat16)
-    dht = torch.randn(3, 4, 64, 64, generator=gen).to(DEVICE)
-    cu = torch.tensor(bounds, dtype=torch.int32, device=DEVICE)
-    grads = []
-    for fused in (0, 1):
-        monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": fused})
-        leaves = [x.detach().clone().to(DEVICE).requires_grad_() for x in inputs]
-        o, ht = triton_op(
-            *leaves[:5], initial_state=leaves[5], output_final_state=final, cu_seqlens=cu, use_qk_l2norm_in_kernel=True
-        )
-        ((o.float() * do.float()).sum() + ((ht * dht).sum() if final else 0)).backward()
-        grads.append([x.grad for x in leaves])
-    for name, apart, walked in zip(GRAD_NAMES, *grads, strict=True):
-        assert torch.isfinite(walked.float()).all(), name
-        assert rel_err(walked, apart) < 1e-2, (name, rel_err(walked, apart))
-
-
-@pytest.mark.single_op
-def test_fused_walk_gives_nan_for_refused_offsets(gen, monkeypatch):
-    """Refused cu_seqlens (chunk_index): the walk starts from a NaN state gradient, so every gradient is
-    NaN, as the portable backward's."""
-    import gdn
-    from gdn.resolve import compute_mode_override
-
-    walked = walk_on(monkeypatch)
-    leaves = [x.to(DEVICE).requires_grad_() for x in make_inputs(gen, 90, 1, 2, 32, 48, N=3, dtype=torch.bfloat16)]
-    cu = torch.tensor([0, 30, 20, 90], dtype=torch.int32, device=DEVICE)
-    with compute_mode_override("triton"):  # the public op: its host check of the offsets is left to the kernels
-        o, final = gdn.chunk_gated_delta_rule(
-            *leaves[:5], initial_state=leaves[5], output_final_state=True, cu_seqlens=cu
-        )
-    (o.float().sum() + final.sum()).backward()
-    assert walked
-    for name, leaf in zip(GRAD_NAMES, leaves, strict=True):
-        assert leaf.grad.isnan().all(), name
-
-
-@pytest.mark.single_op
-def test_fused_walk_applies_where_it_was_built_for(monkeypatch):
-    """Where the switch is on: 16-bit inputs, K from 17 to 128, whole sequences, and on a GPU only where
-    Triton targets NVIDIA at compute capability 9.0 or later (under the interpreter always)."""
-    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 1})
-    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    bf16 = config.tiles_for(128, 128, 2)
-    assert config.fused_walk_applies(bf16, False, 2, cpu) is is_interpreting()
-    assert not config.fused_walk_applies(bf16, True, 2, cpu)  # a split plan
-    assert not config.fused_walk_applies(config.tiles_for(128, 128, 4), False, 4, cpu)  # fp32
-    assert not config.fused_walk_applies(config.tiles_for(256, 128, 2), False, 2, cpu)  # K = 256
-    assert not config.fused_walk_applies(config.tiles_for(16, 128, 2), False, 2, cpu)  # K = 16: halves of 8
-    monkeypatch.setattr(config, "is_interpreting", lambda: False)
-    for capability, applies in (((8, 0), False), ((9, 0), True), ((10, 0), True)):
-        monkeypatch.setattr(config, "_nvidia_capability", lambda device, c=capability: c)
-        assert config.fused_walk_applies(bf16, False, 2, cuda) is applies, capability
-    assert not config.fused_walk_applies(bf16, False, 2, cpu)
-    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 0})
-    assert not config.fused_walk_applies(config.tiles_for(128, 128, 2), False, 2, cuda)
 
 
 @pytest.mark.single_op
@@ -884,68 +806,6 @@ def test_stage_kernels_fit_hopper():
         assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
 
 
-WALK_SCENARIO = """
-from gdn.backends.triton import chunk, l2norm
-from gdn.backends.triton.common import config, output, qk_grads, state, walk, wy, wy_bwd
-from gdn.calls import PREPARE
-
-chunk._gpu_fp32_precision = lambda: "tf32x3"  # what a CUDA target answers (no driver here)
-# host tensors stand for the GPU's (the capability check is a test of its own)
-chunk.fused_walk_applies = lambda tiles, split, size, device: bool(tiles.fused_backward) and not split
-config.OVERRIDES["fused_backward"] = 1
-for m in (wy, wy_bwd, output, qk_grads, l2norm):
-    for name, f in list(vars(m).items()):
-        if isinstance(f, JITFunction) and name.endswith("_kernel"):
-            setattr(m, name, Recorder())
-kernels = {
-    (m, n): f for m in (walk, state) for n, f in vars(m).items() if isinstance(f, JITFunction) and n.endswith("_kernel")
-}
-
-
-def usage(final_state):
-    # one sequence of 512 tokens, 16 heads of 128 x 128 over 32 value heads, forward and backward
-    for m, name in kernels:
-        setattr(m, name, Recorder())
-    q, k = (torch.randn(1, 512, 16, 128, dtype=torch.bfloat16) for _ in range(2))
-    v, beta = torch.randn(1, 512, 32, 128, dtype=torch.bfloat16), torch.rand(1, 512, 32, dtype=torch.bfloat16)
-    call = PREPARE["chunk_gated_delta_rule"](
-        q, k, v, -torch.rand(1, 512, 32), beta, use_qk_l2norm_in_kernel=True, output_final_state=final_state
-    )
-    with torch.no_grad():
-        o, final, kept, saved = chunk._forward(*chunk._arguments(call, chunk._plan(call)))
-        chunk._backward(kept, saved, torch.empty_like(o), torch.empty_like(final) if final_state else None, True)
-    found = {}
-    for (m, name), f in kernels.items():
-        for args, kwargs in getattr(m, name).launches:
-            if m is walk or kwargs.get("FROM_INVERSE"):
-                found.setdefault(name, {})[launch_key((f, args, kwargs))] = compile_sm90((f, args, kwargs))
-    return found
-
-
-RESULT["bf16"] = usage(False)
-RESULT["bf16, final state"] = usage(True)
-"""
-
-
-@pytest.mark.single_op
-def test_fused_walk_compiles_for_hopper():
-    """The fused backward's kernels through the NVIDIA compiler for sm_90 (bf16, K = V = 128, 32 value
-    heads over 16): the walk, its group reduce and the state pass that recomputes the states from T
-    (one binary each per call class), each within an H200 SM's shared memory. The walk spills: ptxas
-    (Triton 3.9) holds it at 255 registers and 2000 bytes of spills (2164 with a final state; Triton 3.6,
-    whose binaries the H200 runs: 2236 and 2424), its step's [64, 64] products on one warpgroup's
-    registers; the bound below catches a change that makes it worse."""
-    result = run_on_hopper_compiler(WALK_SCENARIO)
-    for case, usage in result.items():
-        assert set(usage) == {"_reverse_walk_kernel", "_group_reduce_kernel", "_state_fwd_kernel"}, case
-        assert all(len(binaries) == 1 for binaries in usage.values()), case
-        found = {name: u for name, b in usage.items() for u in b.values()}
-        over = {name: u["shared"] for name, u in found.items() if u["shared"] > H200_SHARED_BYTES}
-        assert not over, f"{case}: asks for more shared memory than an H200 SM has: {over}"
-        spills = {name: u["spill_bytes"] or 0 for name, u in found.items()}
-        assert spills["_reverse_walk_kernel"] <= 2600 and spills["_group_reduce_kernel"] <= 256, (case, spills)
-
-
 @pytest.mark.single_op
 def test_narrow_tiles_agree(gen, monkeypatch):
     """Several K and V slices per program (the GPU tiling, narrower): partial sums over K slices,
@@ -1026,10 +886,10 @@ class _Recorder:
         return None if is_interpreting() else self.kernel.warmup(*args, grid=grid, **kwargs)
 
 
-def run_op(T, cu_seqlens=None, N=1, K=16):
+def run_op(T, cu_seqlens=None, N=1):
     """One forward and backward at length T (all options on, so that every kernel launches)."""
     gen = torch.Generator().manual_seed(0)
-    inputs = make_inputs(gen, T, 1, 2, K, 16, N=N, dtype=torch.bfloat16)
+    inputs = make_inputs(gen, T, 1, 2, 16, 16, N=N, dtype=torch.bfloat16)
     leaves = [x.to(DEVICE).requires_grad_() for x in inputs]
     cu = None if cu_seqlens is None else torch.tensor(cu_seqlens, dtype=torch.int32, device=DEVICE)
     o, final = triton_op(
@@ -1078,27 +938,6 @@ def test_one_specialization_per_kernel_across_lengths(monkeypatch, split):
     # the interpreter's tiles write the output in the forward's state pass: no output kernel; the packed
     # calls' two table kernels
     assert len([name for name in first if "l2norm" not in name]) == (12 if split else 9)
-    for T in LENGTHS[1:]:
-        differ = {name for name in first if keys[T][name] != first[name]}
-        assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"
-
-
-@pytest.mark.single_op
-@pytest.mark.skipif(not is_interpreting(), reason="the interpreter variant; CUDA counts compiled binaries")
-def test_the_fused_walk_specializes_alike_across_lengths(monkeypatch):
-    """With the fused walk on (K = 32: two halves of 16), the walk, its reduce and the state pass that
-    recomputes the states launch one binary each across lengths, dense and packed."""
-    monkeypatch.setattr(config, "OVERRIDES", {"fused_backward": 1})
-    launches = Launches(monkeypatch)
-    keys: dict[int, dict[str, set[str]]] = {}
-    for T in LENGTHS:
-        launches.calls.clear()
-        run_op(T, K=32)
-        run_op(T, cu_seqlens=[0, 1, T // 2, T], N=3, K=32)
-        for kernel, _, args, kwargs, _ in launches.calls:
-            keys.setdefault(T, {}).setdefault(kernel.fn.__name__, set()).add(specialization_key(kernel, args, kwargs))
-    first = keys[LENGTHS[0]]
-    assert {"_reverse_walk_kernel", "_group_reduce_kernel"} <= set(first) and "_qk_grads_kernel" not in first
     for T in LENGTHS[1:]:
         differ = {name for name in first if keys[T][name] != first[name]}
         assert not differ, f"kernels specialized differently at T={T} than at T={LENGTHS[0]}: {sorted(differ)}"

@@ -113,7 +113,7 @@ def write_results(name: str, payload: dict) -> Path:
 
 
 def print_table(rows: list[dict], columns: list[str]) -> None:
-    widths = [max(len(c), *(len(f"{r.get(c, '')}") for r in rows)) for c in columns]
+    widths = [max([len(c), *(len(f"{r.get(c, '')}") for r in rows)]) for c in columns]
     print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
     for r in rows:
         print("  ".join(f"{r.get(c, '')}".ljust(w) for c, w in zip(columns, widths, strict=True)))

@@ -6,9 +6,7 @@ state pass runs wide slices, it writes the output itself: `state.writes_output`)
 Backward: w, u and the per-chunk states are recomputed (cheaper than keeping them: the states alone
 are K*V values per chunk and head), then local dv -> reverse state pass (dh, dv, dh0) -> dq, dk (per
 value head), dw and the gate gradient per chunk -> WY backward (dq and dk summed over each group and
-through the l2norm's backward, dv, dbeta, dg). On Hopper (config.fused_walk_applies) the states alone
-are recomputed and one reverse walk does the last three passes' work chunk by chunk, its parts summed
-by a group reduce (common/walk.py).
+through the l2norm's backward, dv, dbeta, dg).
 
 Autograd keeps q and k (normalised), v, beta, the cumulative gate (fp32), T = (I + A)^-1 (64 values
 per token and head) and the initial state.
@@ -24,18 +22,10 @@ import torch
 
 from gdn.backends.triton._common import flavour, is_interpreting
 from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, read_back, split_sequences, warm_plan_kernels
-from gdn.backends.triton.common.config import (
-    CHUNK,
-    Tiles,
-    could_split,
-    fused_walk_applies,
-    segment_length,
-    tiles_for,
-)
+from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
 from gdn.backends.triton.common.qk_grads import qk_grads
 from gdn.backends.triton.common.state import state_backward, state_forward, state_forward_output, writes_output
-from gdn.backends.triton.common.walk import walk_backward
 from gdn.backends.triton.common.wy import wy_apply, wy_prepare
 from gdn.backends.triton.common.wy_bwd import wy_backward
 from gdn.backends.triton.compile_ahead import compile_ahead
@@ -125,17 +115,19 @@ def _backward(
     if dht is not None:
         dht = dht.contiguous()
     want_dh0 = want_dh0 and initial_state is not None
-    exact_dot = _fp32_dot(torch.float32)
-    rstd = (q_rstd, k_rstd) if saved.use_qk_l2norm_in_kernel else None
 
-    if fused_walk_applies(tiles, plan.split is not None, k.element_size(), k.device):
-        dq, dk, dv, dbeta, dg, dh0 = walk_backward(
-            q, k, v, beta, gc, Ai, initial_state, do, dht, want_dh0, scale, rstd, plan, tiles, fp32_dot, exact_dot
-        )
-    else:
-        dq, dk, dv, dbeta, dg, dh0 = _portable_backward(
-            q, k, v, beta, gc, Ai, initial_state, do, dht, want_dh0, scale, rstd, plan, tiles, fp32_dot, exact_dot
-        )
+    w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
+    exact_dot = _fp32_dot(torch.float32)
+    h, v_new, _, maps = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
+    dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
+    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
+    del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
+    # the parts may be written over dh and dw over v_new (qk_grads says where)
+    parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
+    del h, dh, v_new
+    rstd = (q_rstd, k_rstd) if saved.use_qk_l2norm_in_kernel else None
+    dq, dk, dv, dbeta, dg = wy_backward(q, k, v, beta, gc, Ai, dw, dv, parts, dG, rstd, plan, tiles, fp32_dot)
+    del parts, dw
     return (
         dq.to(q.dtype),
         dk.to(k.dtype),
@@ -144,38 +136,6 @@ def _backward(
         dbeta.to(beta.dtype),
         None if dh0 is None else dh0.to(initial_state.dtype),
     )
-
-
-def _portable_backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    gc: torch.Tensor,
-    Ai: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    want_dh0: bool,
-    scale: float,
-    rstd: tuple[torch.Tensor, torch.Tensor] | None,
-    plan: ChunkPlan,
-    tiles: Tiles,
-    fp32_dot: str | None,
-    exact_dot: str,
-) -> tuple[torch.Tensor | None, ...]:
-    """The backward of every device and plan: w, u and the states recomputed, the local dv, the reverse
-    state pass, qk_grads and the WY backward -> (dq, dk, dv, dbeta, dg, dh0 or None)."""
-    w, u = wy_apply(k, v, beta, gc, Ai, plan, tiles, fp32_dot)
-    h, v_new, _, maps = state_forward(k, w, u, gc, initial_state, False, plan, tiles, fp32_dot, exact_dot)
-    dv = dv_local(q, k, gc, do, scale, plan, tiles, fp32_dot)
-    dh, dv, dh0 = state_backward(q, k, w, gc, do, dv, dht, want_dh0, scale, plan, tiles, fp32_dot, exact_dot, maps)
-    del w, u, maps  # as in the forward: freed before qk_grads allocates its outputs
-    # the parts may be written over dh and dw over v_new (qk_grads says where)
-    parts, dw, dG = qk_grads(q, k, v_new, h, dh, gc, do, dv, scale, plan, tiles, fp32_dot)
-    del h, dh, v_new
-    dq, dk, dv, dbeta, dg = wy_backward(q, k, v, beta, gc, Ai, dw, dv, parts, dG, rstd, plan, tiles, fp32_dot)
-    return dq, dk, dv, dbeta, dg, dh0
 
 
 class ChunkGatedDeltaRuleFunction(torch.autograd.Function):
@@ -268,7 +228,9 @@ def chunk_gated_delta_rule(call: GdnCall) -> tuple[torch.Tensor, torch.Tensor | 
 
 def _plan(call: GdnCall) -> ChunkPlan:
     """The call's plan: computed on the device, read back to the host only where the class's state
-    passes could split a packed call's sequences (config.could_split: few sequences and heads)."""
+    passes could split a packed call's sequences (config.could_split: few sequences and heads). While
+    a CUDA graph captures, a packed call keeps its sequences whole: the read-back cannot be captured,
+    and the split only makes the state passes faster (its kernel class compiled both plans)."""
     s = call.shapes
     device = call.q.device
     plan = plan_chunks(s.B, s.T, call.cu_seqlens, CHUNK, device)
@@ -276,9 +238,15 @@ def _plan(call: GdnCall) -> ChunkPlan:
     if not could_split(tiles, plan.num_sequences * s.HV, s.V, device):
         return plan
     if plan.is_varlen:
+        if _capturing(device):
+            return plan
         plan = read_back(plan)
     length = segment_length(tiles, plan.num_sequences * s.HV, s.HV, s.V, plan.longest, device)
     return split_sequences(plan, length) if length else plan
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _dry_run_of(call: GdnCall) -> tuple[tuple, functools.partial]:

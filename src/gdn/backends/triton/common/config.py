@@ -10,11 +10,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields, replace
 
-import torch
 import triton
 from packaging.version import Version
 
-from gdn.backends.triton._common import cdiv, flavour, is_interpreting, next_power_of_2, processors
+from gdn.backends.triton._common import cdiv, is_interpreting, next_power_of_2, processors
 
 # The chunk length is part of the algorithm's tiling: the WY inverse is built from 4 x 4 blocks of 16.
 CHUNK = 64
@@ -75,11 +74,6 @@ class Tiles:
     segment_programs: int  # programs per SM that splitting aims at; 0 never splits
     split_backward: int  # whether the backward's state pass splits too (where the forward's does)
     output_in_state_bv: int  # the narrowest state-pass slice whose forward writes the output itself; 0 never
-    fused_backward: int  # whether the backward takes the fused reverse walk where it applies (fused_walk_applies)
-    fused_bv: int  # V slice of one reverse-walk program (the walk runs sequence x value head x V slice)
-    fused_warps: int
-    fused_stages: int  # software pipelining of the walk's loop over chunks
-    reduce_warps: int  # the walk's group reduce (per chunk and q/k head)
 
 
 def _padded(n: int) -> int:
@@ -125,11 +119,6 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
         output_in_state_bv=16,  # every slice: the CPU tests take the fused forward (one sets 0)
-        # the portable backward unless a test asks for the fused walk (tests/test_triton_chunk.py runs its
-        # grid both ways)
-        fused_backward=0,
-        fused_bv=VP,
-        fused_stages=1,
         **warps,
     )
 
@@ -194,16 +183,6 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         segment_programs=SEGMENT_PROGRAMS,
         split_backward=1,
         output_in_state_bv=output_in_state_bv,
-        # The fused reverse walk (common/walk.py), off until an H200 run times it against the portable
-        # kernels (bench/chunk.py --fused). Read by ptxas (sm_90, Triton 3.9, bf16, K = V = 128): 255
-        # registers at every setting tried, spilling 2000 bytes at 64-column slices over 8 warps (2700
-        # over 4: with BT = 64 rows and chained dots Triton puts all 8 warps along M, so two warpgroups
-        # repeat each product), 1512 at 32 columns over 4, 1088 at 16 over 4; the group reduce 148.
-        fused_backward=0,
-        fused_bv=min(64, VP),
-        fused_warps=8,
-        fused_stages=1,
-        reduce_warps=4,
     )
 
 
@@ -260,26 +239,3 @@ def segment_length(tiles: Tiles, sequences_x_heads: int, heads: int, V: int, lon
     wanted = min(WALK, cdiv(tiles.segment_programs * processors(device), programs))
     length = max(tiles.segment_chunks, cdiv(longest, wanted))
     return length if longest > length else 0
-
-
-def fused_walk_applies(tiles: Tiles, split: bool, element_size: int, device) -> bool:
-    """Whether the backward takes the fused reverse walk (common/walk.py) instead of the state backward,
-    qk_grads and the WY backward: where tiles.fused_backward is set, over whole sequences (a split's
-    summaries need w and the local dv, which the walk never forms), for 16-bit inputs with K from 17 to
-    128 (its tiles and registers were read for those; it takes K in two halves of at least 16, the
-    products' smallest), on Hopper or later GPUs (sm_90: the target it was written and read for; other
-    devices keep the portable kernels) or under the interpreter."""
-    if not tiles.fused_backward or split or element_size != 2 or not 32 <= tiles.KP <= 128:
-        return False
-    if is_interpreting():
-        return True
-    return device.type == "cuda" and _nvidia_capability(device) >= (9, 0)
-
-
-@functools.cache
-def _nvidia_capability(device: torch.device) -> tuple[int, int]:
-    """The device's compute capability where Triton targets NVIDIA, (0, 0) elsewhere (ROCm GPUs are
-    torch device type "cuda" too, with capabilities of their own numbering)."""
-    if flavour().target != "cuda":
-        return (0, 0)
-    return torch.cuda.get_device_capability(device)

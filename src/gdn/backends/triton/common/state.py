@@ -33,17 +33,29 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, split_slice, state_slice
-from gdn.backends.triton.common.tiles import (
-    INTERPRET,
-    cast_as,
-    chunk_gates,
-    locate_segment,
-    masked_exp,
-    mma,
-    refused,
-    within,
-)
+from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma, within
 from gdn.backends.triton.launch import launch
+
+
+@triton.jit
+def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
+    """A chunk of n rows (gc at its first): its rows, their mask, the cumulative gate on them and at
+    its last row."""
+    o_t = tl.arange(0, BT)
+    mt = o_t < n
+    G = tl.load(gc + o_t * HV, mask=mt, other=0.0)
+    G_last = tl.load(gc + (tl.minimum(BT, n) - 1) * HV)
+    return o_t, mt, G, G_last
+
+
+@triton.jit
+def _refused(S, bad_offsets, IS_VARLEN, KP: tl.constexpr):
+    """S, or NaN where the plan refused a packed call's offsets (chunk_index): every output, final
+    state and gradient of the call then comes out NaN."""
+    if IS_VARLEN != 0:
+        bad = tl.zeros([KP], dtype=tl.int32) + tl.load(bad_offsets)
+        S = tl.where(bad[:, None] != 0, float("nan"), S)
+    return S
 
 
 @triton.jit
@@ -65,7 +77,7 @@ def _fwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """A chunk, the pointers at its first row, its gates (chunk_gates) -> (v_new = u - w S on it, the state
+    """A chunk, the pointers at its first row, its gates (_gates) -> (v_new = u - w S on it, the state
     leaving it); u's columns o_v read where m_u."""
     o_k = tl.arange(0, KP)
     mk = within(o_k, K, KP)
@@ -169,46 +181,34 @@ def _fwd_step(
     KP: tl.constexpr,
     BV: tl.constexpr,
     OUTPUT: tl.constexpr,
-    FROM_INVERSE: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """One chunk of n rows, the pointers at its first row (h at its state) and the head -> the state
     leaving it and the pointers moved to the next chunk (64-bit pointers: a long segment never
     overflows a 32-bit offset). With OUTPUT it forms v_new from T = (I + A)^-1, v and beta and writes
-    the chunk's output rows, and neither its state nor v_new; with FROM_INVERSE it forms v_new the same
-    way and writes the state alone (the fused backward's recomputation: no w, u or v_new); else it
-    forms v_new from w and u and writes both."""
+    the chunk's output rows, and neither its state nor v_new; else it forms v_new from w and u and
+    writes both."""
     o_k = tl.arange(0, KP)
     mv = within(o_v, V, BV)
     if OUTPUT:
         # the state's update first, the output's products after it: the other order (the output's
         # products on the entering state first) took 35% longer at 64-column slices on the H200
-        rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
+        rows, mt, G, G_last = _gates(gc, n, HV, BT)
         v_new, S_next, kT = _fwd_update_from_inverse(
             S, k, v, beta, Ai, rows, mt, G, G_last, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT
         )
         _chunk_output(S, v_new, kT, q, o, scale, rows, mt, G, o_v, mv, H, HV, K, V, KP, FP32_DOT)
         S = S_next
-    elif FROM_INVERSE:
-        # the gates first at narrow slices, as below
-        if BV <= 32:
-            rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
-        tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
-        if BV > 32:
-            rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
-        _v_new, S, _kT = _fwd_update_from_inverse(
-            S, k, v, beta, Ai, rows, mt, G, G_last, o_v, mv, H, HV, K, V, BT, KP, FP32_DOT
-        )
     else:
         # Which first, the chunk's gates or the state's store, decides where the pipelined loop waits for
         # the chunk's loads. Measured on the H200 (bf16, K = V = 128): with 32-column slices the store
         # first took 12% longer (one sequence of 8,192 or 32,768 tokens); with 64 the gates first took
         # 1-3% longer.
         if BV <= 32:
-            rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
+            rows, mt, G, G_last = _gates(gc, n, HV, BT)
         tl.store(h + o_k[:, None] * V + o_v[None, :], cast_as(S, h), mask=within(o_k, K, KP)[:, None] & mv[None, :])
         if BV > 32:
-            rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)
+            rows, mt, G, G_last = _gates(gc, n, HV, BT)
         v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
         p_u = u + rows[:, None] * HV * V + o_v[None, :]
         tl.store(p_u, cast_as(v_new, u), mask=mt[:, None] & mv[None, :])
@@ -259,13 +259,11 @@ def _state_fwd_kernel(
     STORE_END,
     IS_VARLEN,
     OUTPUT: tl.constexpr,
-    FROM_INVERSE: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
     """From the state entering each segment (start, or zero): with OUTPUT the output o (q, scale, v,
-    beta and T = (I + A)^-1 read instead of w and u); with FROM_INVERSE h[c] (the state entering chunk
-    c) alone, from v, beta and T; else h[c] and v_new over u (same rows, same program); end: the state
-    leaving each segment."""
+    beta and T = (I + A)^-1 read instead of w and u), else h[c] (the state entering chunk c) and v_new
+    over u (same rows, same program); end: the state leaving each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
     i_hv = i_sh % HV
     i_h = i_hv // (HV // H)
@@ -289,21 +287,21 @@ def _state_fwd_kernel(
     S = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    S = refused(S, bad_offsets, IS_VARLEN)
+    S = _refused(S, bad_offsets, IS_VARLEN, KP)
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
         while i_t < NT:
             S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
                 S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
-                H, HV, K, V, BT, KP, BV, OUTPUT, FROM_INVERSE, FP32_DOT,
+                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
             )  # fmt: skip
             i_t += 1
     else:
         for i_t in range(0, NT):
             S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
                 S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
-                H, HV, K, V, BT, KP, BV, OUTPUT, FROM_INVERSE, FP32_DOT,
+                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
             )  # fmt: skip
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
@@ -365,13 +363,13 @@ def _state_fwd_summary_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i_t = 0
         while i_t < NT:
-            rows, mt, G, G_last = chunk_gates(gc, T_s - i_t * BT, HV, BT)
+            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
             _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
             i_t += 1
     else:
         for i_t in range(0, NT):
-            rows, mt, G, G_last = chunk_gates(gc, T_s - i_t * BT, HV, BT)
+            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
             _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
             k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
@@ -508,7 +506,7 @@ def _bwd_update(
     KP: tl.constexpr,
     FP32_DOT: tl.constexpr,
 ):
-    """A chunk, the pointers at its first row, its gates (chunk_gates) -> (dv on it, the gradient w.r.t. the
+    """A chunk, the pointers at its first row, its gates (_gates) -> (dv on it, the gradient w.r.t. the
     state entering it); do and the local dv (columns o_v) read where m_in."""
     o_k = tl.arange(0, KP)
     mk = within(o_k, K, KP)
@@ -552,7 +550,7 @@ def _bwd_step(
     it and the pointers moved to the chunk before."""
     o_k = tl.arange(0, KP)
     mv = within(o_v, V, BV)
-    rows, mt, G, G_last = chunk_gates(gc, n, HV, BT)  # before the store: 1-3% faster at every slice (H200)
+    rows, mt, G, G_last = _gates(gc, n, HV, BT)  # before the store: 1-3% faster at every slice (H200)
     tl.store(dh + o_k[:, None] * V + o_v[None, :], cast_as(dS, dh), mask=within(o_k, K, KP)[:, None] & mv[None, :])
     dv_t, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_v, mv, H, HV, K, V, KP, FP32_DOT)
     tl.store(dv + rows[:, None] * HV * V + o_v[None, :], cast_as(dv_t, dv), mask=mt[:, None] & mv[None, :])
@@ -622,7 +620,7 @@ def _state_bwd_kernel(
     dS = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    dS = refused(dS, bad_offsets, IS_VARLEN)
+    dS = _refused(dS, bad_offsets, IS_VARLEN, KP)
     NT = tl.cdiv(T_s, BT)
     q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
     dh += (NT - 1).to(tl.int64) * HV * K * V
@@ -688,14 +686,14 @@ def _state_bwd_summary_kernel(
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1
         while i_t >= 0:
-            rows, mt, G, G_last = chunk_gates(gc, T_s - i_t * BT, HV, BT)
+            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
             _dv, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_c, m_in, H, HV, K, V, KP, FP32_DOT)
             q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
             do, dv = do + back * HV * V, dv + back * HV * V
             i_t -= 1
     else:
         for i_t in range(NT - 1, -1, -1):
-            rows, mt, G, G_last = chunk_gates(gc, T_s - i_t * BT, HV, BT)
+            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
             _dv, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_c, m_in, H, HV, K, V, KP, FP32_DOT)
             q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
             do, dv = do + back * HV * V, dv + back * HV * V
@@ -819,18 +817,14 @@ def _forward_pass(
     initial_state: torch.Tensor | None,
     output_final_state: bool,
     h: torch.Tensor,
-    inverse: tuple | None,
     output: tuple | None,
     plan: ChunkPlan,
     tiles: Tiles,
     fp32_dot: str | None,
     exact_dot: str,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The forward state pass into h (v_new from w and u, or with `inverse` = (v, beta, Ai) from T =
-    (I + A)^-1), or with `output` = (q, o, scale) as well into o -> (final state fp32 or None, the
-    split segments' summaries or None); heads_dim: (HV, V)."""
-    absent = (_absent(k), _absent(k), 1.0)
-    extra = (*(output or absent), *(inverse or absent))
+    """The forward state pass into h, or with `output` = (q, o, scale, v, beta, Ai) into o -> (final
+    state fp32 or None, the split segments' summaries or None); heads_dim: (HV, V)."""
     HV, V = heads_dim
     K = k.shape[3]
     ht = torch.empty(plan.num_sequences, HV, K, V, dtype=torch.float32, device=k.device) if output_final_state else None
@@ -850,8 +844,8 @@ def _forward_pass(
             tiles,
             fp32_dot,
             exact_dot,
-            extra=extra,
-            flags={"OUTPUT": int(output is not None), "FROM_INVERSE": int(output is None and inverse is not None)},
+            extra=output or (_absent(k), _absent(k), 1.0, _absent(k), _absent(k), _absent(k)),
+            flags={"OUTPUT": int(output is not None)},
         )
     return ht, maps
 
@@ -883,51 +877,12 @@ def state_forward(
         output_final_state,
         h,
         None,
-        None,
         plan,
         tiles,
         fp32_dot,
         exact_dot,
     )
     return h, u, ht, maps
-
-
-def state_forward_states(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    beta: torch.Tensor,
-    Ai: torch.Tensor,
-    gc: torch.Tensor,
-    initial_state: torch.Tensor | None,
-    plan: ChunkPlan,
-    tiles: Tiles,
-    fp32_dot: str | None,
-    exact_dot: str,
-) -> torch.Tensor:
-    """The states entering each chunk, h [chunks, HV, K, V] in k's dtype, each chunk's v_new formed
-    from T = (I + A)^-1 (Ai), v and beta and not stored (no w, u or v_new: what the fused backward
-    recomputes). Over a whole (unsplit) plan."""
-    if plan.split is not None:
-        raise ValueError("state_forward_states: over whole sequences only (a split's summaries need w and u)")
-    HV, V = v.shape[2], v.shape[3]
-    h = torch.empty(plan.num_chunks, HV, k.shape[3], V, dtype=k.dtype, device=k.device)
-    _forward_pass(
-        k,
-        k.new_empty(0),
-        k.new_empty(0),
-        gc,
-        (HV, V),
-        initial_state,
-        False,
-        h,
-        (v, beta, Ai),
-        None,
-        plan,
-        tiles,
-        fp32_dot,
-        exact_dot,
-    )
-    return h
 
 
 def state_forward_output(
@@ -966,8 +921,7 @@ def state_forward_output(
         initial_state,
         output_final_state,
         _absent(k),
-        (v, beta, Ai),
-        (q, o, scale),
+        (q, o, scale, v, beta, Ai),
         plan,
         tiles,
         fp32_dot,

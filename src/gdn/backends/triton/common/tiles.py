@@ -61,28 +61,6 @@ def within(o, N: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def chunk_gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
-    """A chunk of n rows (gc, the cumulative gate, at its first): its rows, their mask, the cumulative
-    gate on them and at its last row."""
-    o_t = tl.arange(0, BT)
-    mt = o_t < n
-    G = tl.load(gc + o_t * HV, mask=mt, other=0.0)
-    G_last = tl.load(gc + (tl.minimum(BT, n) - 1) * HV)
-    return o_t, mt, G, G_last
-
-
-@triton.jit
-def refused(S, bad_offsets, IS_VARLEN):
-    """A state (or its gradient) [rows, cols], or NaN where the plan refused a packed call's offsets
-    (chunk_index): a pass that starts from it gives every output, final state and gradient of the call
-    NaN."""
-    if IS_VARLEN != 0:
-        bad = tl.zeros([S.shape[0]], dtype=tl.int32) + tl.load(bad_offsets)
-        S = tl.where(bad[:, None] != 0, float("nan"), S)
-    return S
-
-
-@triton.jit
 def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN):
     """Program i_c -> (chunk index within its sequence, first token of the sequence, its length).
 

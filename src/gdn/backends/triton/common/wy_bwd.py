@@ -30,32 +30,6 @@ from gdn.backends.triton.l2norm import grad_rows, l2norm_bwd
 from gdn.backends.triton.launch import launch
 
 
-@triton.jit
-def through_inverse(dT, AT, G, o_t, mt, like, FP32_DOT: tl.constexpr):
-    """T = (I + A)^-1, T^T given (AT), from T's gradient dT (on T's lower triangle): A's gradient dA =
-    -T^T dT T^T on the strictly lower triangle, times the decay exp(G_i - G_j) A carries (products in
-    like's element type); o_t the chunk's rows, mt their mask."""
-    dT = cast_as(tl.where(o_t[:, None] >= o_t[None, :], dT, 0.0), like)
-    dA = -mma(cast_as(mma(AT, dT, FP32_DOT), like), AT, FP32_DOT)
-    return dA * masked_exp(G[:, None] - G[None, :], (o_t[:, None] > o_t[None, :]) & mt[:, None])
-
-
-@triton.jit
-def decay_terms(dA, kk, b):
-    """With A_ij = beta_i k_i.k_j exp(G_i - G_j) (kk = K K^T): A's share of beta's gradient and of the
-    cumulative gate's, -> (rowsum(dA kk), rowsum(dA A) - colsum(dA A))."""
-    dAkk = dA * kk
-    dAA = dAkk * b[:, None]  # dA_ij * A_ij
-    return tl.sum(dAkk, 1), tl.sum(dAA, 1) - tl.sum(dAA, 0)
-
-
-@triton.jit
-def reverse_cumsum(dG, o_t, mt):
-    """The gate's gradient from the cumulative gate's: dg_t = sum of dG_i over the chunk's rows i >= t
-    (padded rows carry zero)."""
-    return tl.sum(tl.where(o_t[:, None] <= o_t[None, :], tl.where(mt, dG, 0.0)[None, :], 0.0), 1)
-
-
 @triton.jit(do_not_specialize=["T", "IS_VARLEN"])
 def _wy_bwd_kernel(
     q,
@@ -103,6 +77,7 @@ def _wy_bwd_kernel(
     o_t = tl.arange(0, BT)
     mt = i_t * BT + o_t < T_n
     tok = (bos + i_t * BT + o_t).to(tl.int64)
+    lower = o_t[:, None] >= o_t[None, :]
 
     # The dA part of dk, (dA b + (dA b)^T) k, is linear in the [BT, BT] factor: summed over the value
     # heads here, it costs one pass over k for all of them.
@@ -142,7 +117,9 @@ def _wy_bwd_kernel(
             db += tl.sum(dvb * vf, 1)
 
         # T = (I + A)^-1: dA = -T^T dT T^T on the strictly lower triangle, times the decay of A
-        dA = through_inverse(dT, AT, G, o_t, mt, k, FP32_DOT)
+        dT = cast_as(tl.where(lower, dT, 0.0), k)
+        dA = -mma(cast_as(mma(AT, dT, FP32_DOT), k), AT, FP32_DOT)
+        dA *= masked_exp(G[:, None] - G[None, :], (o_t[:, None] > o_t[None, :]) & mt[:, None])
         dAs += dA * b[:, None]
         # K K^T only now (k again, from cache): held from the first K loop it stayed live beside P,
         # dT and dA, and the kernel spilled
@@ -152,13 +129,16 @@ def _wy_bwd_kernel(
             m_tk = mt[:, None] & (o_k < K)[None, :]
             kt = tl.load(k + (tok * H + i_h)[:, None] * K + o_k[None, :], mask=m_tk, other=0.0)
             kk += mma(kt, tl.trans(kt), FP32_DOT)
-        db_A, dG_A = decay_terms(dA, kk, b)
-        db += db_A
-        dG_t += dG_A
+        dAkk = dA * kk
+        db += tl.sum(dAkk, 1)
+        dAA = dAkk * b[:, None]  # dA_ij * A_ij
+        dG_t += tl.sum(dAA, 1) - tl.sum(dAA, 0)
 
         for i_k in range(NK):
             dG_t += tl.load(dG + (tok * HV + i_hv) * NK + i_k, mask=mt, other=0.0)
-        tl.store(dg + tok * HV + i_hv, reverse_cumsum(dG_t, o_t, mt), mask=mt)
+        # dg_t = sum of dG_i over the chunk's rows i >= t (padded rows carry zero)
+        dg_t = tl.sum(tl.where(o_t[:, None] <= o_t[None, :], tl.where(mt, dG_t, 0.0)[None, :], 0.0), 1)
+        tl.store(dg + tok * HV + i_hv, dg_t, mask=mt)
         tl.store(dbeta + tok * HV + i_hv, db, mask=mt)
 
     # dk = (dA b + (dA b)^T) k + sum over value heads of (their output/state part + diag(beta exp(G))
