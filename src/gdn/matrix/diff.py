@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -615,26 +615,26 @@ def load_report(path: Path) -> Report:
     return report
 
 
-def _threshold(text: str) -> float:
-    """A finite, non-negative fraction: nan would compare false with every slowdown and pass them all."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+def _finite_at_least(minimum: float) -> Callable[[str], float]:
+    """An argparse type for a finite number of at least `minimum`: nan compares false with every bound,
+    so it would pass any check made with it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _factor(text: str) -> float:
-    """A finite factor of at least 1: below 1 every unchanged error would regress."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text!r}")
-    return value
+# a slowdown is a fraction, so any threshold >= 0 means something
+_threshold = _finite_at_least(0)
+# an accuracy factor below 1 would make every unchanged error a regression
+_factor = _finite_at_least(1)
 
 
 def _pair(text: str) -> tuple[str, str]:
