@@ -100,4 +100,4 @@ def test_the_python_m_entry_points_take_what_their_command_takes(module):
     """`python -m gdn.matrix.diff` and `python -m gdn.matrix.pull`, which the README names, parse as
     their `gdn-matrix` command does."""
     command = module.__name__.rsplit(".", 1)[1]
-    assert arguments(module.build_parser()) == COMMANDS[command]
+    assert arguments(module.PROGRAM.parser()) == COMMANDS[command]

@@ -38,6 +38,7 @@ from gdn.matrix.jsonio import (
 )
 from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
 from gdn.matrix.markdown import fit_summary, md_cell, md_table
+from gdn.matrix.program import Program
 from gdn.matrix.report_text import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import (
@@ -723,19 +724,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION if diff.regressions and not args.no_fail else EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gdn-matrix diff",
-        description="Compare two gdn-matrix report.json files.",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program(
+    "gdn-matrix diff",
+    "Compare two gdn-matrix report.json files.",
+    add_arguments,
+    run,
+    EXIT_CODES,
+    argparse.RawDescriptionHelpFormatter,
+)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ from gdn.matrix.lockfile import (
     parse_lock,
     render_header,
 )
+from gdn.matrix.program import Program
 
 TEST_REQUIREMENTS = Path("docker/requirements-test.txt")
 # Pins a cell takes over what its other packages' metadata allows: a cuda cell pairs torch with a
@@ -543,10 +544,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gdn-matrix lock", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+PROGRAM = Program("gdn-matrix lock", __doc__.splitlines()[0], add_arguments, run)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":
