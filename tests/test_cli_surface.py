@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from gdn.matrix import cli, diff, pull
+from gdn.matrix import accuracy, cli, diff, lock, probe, pull
 
 pytestmark = pytest.mark.tooling
 
@@ -100,4 +100,15 @@ def test_the_python_m_entry_points_take_what_their_command_takes(module):
     """`python -m gdn.matrix.diff` and `python -m gdn.matrix.pull`, which the README names, parse as
     their `gdn-matrix` command does."""
     command = module.__name__.rsplit(".", 1)[1]
-    assert arguments(module.build_parser()) == COMMANDS[command]
+    assert arguments(module.PROGRAM.parser()) == COMMANDS[command]
+
+
+@pytest.mark.parametrize(
+    ("module", "command"),
+    [(probe, "manifest"), (accuracy, "accuracy"), (lock, "lock")],
+    ids=["probe", "accuracy", "lock"],
+)
+def test_the_other_python_m_programs_take_what_their_command_takes(module, command):
+    """The matrix's other modules that run on their own parse as the `gdn-matrix` command that runs
+    the same handler."""
+    assert arguments(module.PROGRAM.parser()) == COMMANDS[command]

@@ -20,7 +20,7 @@ import yaml
 from gdn.matrix import cli, lock
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import load_matrix
-from gdn.matrix.lockfile import LockFileError, WheelhouseFile, body_digest, parse_body
+from gdn.matrix.lockfile import LockFileError, WheelhouseFile, body_digest, file_sha256, parse_body
 
 pytestmark = pytest.mark.tooling
 # Cell images collect tests/ too (then deselect by marker) and carry no uv.
@@ -522,3 +522,12 @@ def test_a_tampering_that_rewrites_the_body_digest_fails_on_the_real_index(tmp_p
         (root / "locks" / "cpu.txt").write_text(text)
         code, _, err = gdn_lock(root, None, "--check", "cpu", capsys=capsys)
         assert code == 1 and "cell cpu: locks/cpu.txt line " in err and said in err, err
+
+
+def test_a_files_sha256_covers_every_block(tmp_path):
+    """The sha256 that a lock records for a wheelhouse file, and that the image tag hashes for its
+    inputs, is read in blocks: two full ones and a partial last one all count."""
+    data = os.urandom((5 << 20) // 2 + 123)
+    path = tmp_path / "pkg-1.0-py3-none-any.whl"
+    path.write_bytes(data)
+    assert file_sha256(path) == hashlib.sha256(data).hexdigest()

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from gdn.matrix.config import Cell, Matrix, MatrixConfigError, load_matrix
 from gdn.matrix.devices import github_hosted
+from gdn.matrix.program import Program
 
 
 def job_entry(cell: Cell) -> dict:
@@ -62,12 +63,13 @@ def github_outputs(matrices: dict[str, dict]) -> dict[str, str]:
     return outputs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gdn.matrix.ci", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--matrix", type=Path, default=None)
     parser.add_argument("--cells", default="", help="comma-separated cell names (default: every labelled cell)")
     parser.add_argument("--github-output", type=Path, default=None, help="append name=value lines here")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     try:
         names = [n.strip() for n in args.cells.split(",") if n.strip()]
         outputs = github_outputs(job_matrices(load_matrix(args.matrix), names))
@@ -80,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with args.github_output.open("a") as handle:
             handle.write("\n".join(lines) + "\n")
     return 0
+
+
+PROGRAM = Program("python -m gdn.matrix.ci", __doc__.splitlines()[0], add_arguments, run)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from gdn.matrix.jsonio import (
 )
 from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
 from gdn.matrix.markdown import fit_summary, md_cell, md_table
+from gdn.matrix.program import Program
 from gdn.matrix.report_text import UNMARKED_FAMILY, bench_label, expectation_text
 from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import (
@@ -615,26 +616,26 @@ def load_report(path: Path) -> Report:
     return report
 
 
-def _threshold(text: str) -> float:
-    """A finite, non-negative fraction: nan would compare false with every slowdown and pass them all."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+def _finite_at_least(minimum: float) -> Callable[[str], float]:
+    """An argparse type for a finite number of at least `minimum`: nan compares false with every bound,
+    so it would pass any check made with it."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(value) or value < minimum:
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _factor(text: str) -> float:
-    """A finite factor of at least 1: below 1 every unchanged error would regress."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 1:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 1, got {text!r}")
-    return value
+# a slowdown is a fraction, so any threshold >= 0 means something
+_threshold = _finite_at_least(0)
+# an accuracy factor below 1 would make every unchanged error a regression
+_factor = _finite_at_least(1)
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -723,19 +724,15 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_REGRESSION if diff.regressions and not args.no_fail else EXIT_OK
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gdn-matrix diff",
-        description="Compare two gdn-matrix report.json files.",
-        epilog=EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program(
+    "gdn-matrix diff",
+    "Compare two gdn-matrix report.json files.",
+    add_arguments,
+    run,
+    EXIT_CODES,
+    argparse.RawDescriptionHelpFormatter,
+)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

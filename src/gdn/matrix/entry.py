@@ -27,12 +27,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from gdn.matrix import kernels, outcomes
 from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import write_json
+from gdn.matrix.program import Program
 from gdn.matrix.results import FAMILY_MARKERS
 
 SOURCE_ROOT = Path(__file__).resolve().parents[3]  # the checkout: src/gdn/matrix/entry.py -> repo root
@@ -130,8 +130,7 @@ def _families(text: str) -> list[str]:
     return families
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m gdn.matrix.entry", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cell", required=True)
     parser.add_argument("--out", type=Path, required=True, help="the cell's results directory")
     parser.add_argument("--families", type=_families, default=list(FAMILY_MARKERS))
@@ -144,11 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="end the whole process group when stdin closes (the runner holds its other end)",
     )
-    return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program("python -m gdn.matrix.entry", __doc__.splitlines()[0], add_arguments, run)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

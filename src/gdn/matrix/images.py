@@ -26,7 +26,7 @@ from typing import Any
 from gdn.matrix import devices
 from gdn.matrix.config import Cell
 from gdn.matrix.lock import LockError, platform_of, read_lock
-from gdn.matrix.lockfile import LockFileError
+from gdn.matrix.lockfile import LockFileError, file_sha256
 
 TAG_REPOSITORY = "gdn-matrix"
 # The image's whole content hash; the tag holds only its first 12 digits, and any image may be tagged
@@ -118,14 +118,6 @@ def _wheels(files: dict[str, Path]) -> list[Path]:
     return sorted((path for key, path in files.items() if key.startswith("wheels[")), key=lambda path: path.name)
 
 
-def _file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def content_hash(cell: Cell, files: dict[str, Path], context_files: dict[str, Path], base_id: str) -> str:
     """A sha256 over the base image's id, the Dockerfile, the lock (every package and its hashes), the
     build args, each wheel's name and content and the other context files: equal exactly when the
@@ -136,15 +128,15 @@ def content_hash(cell: Cell, files: dict[str, Path], context_files: dict[str, Pa
         digest.update("\0".join(fields).encode() + b"\n")
 
     add("base", base_id)
-    add("dockerfile", _file_digest(files["dockerfile"]))
+    add("dockerfile", file_sha256(files["dockerfile"]))
     if "lock" in files:
-        add("lock", _file_digest(files["lock"]))
+        add("lock", file_sha256(files["lock"]))
     for name, value in sorted(cell.build_args.items()):
         add("arg", name, value)
     for wheel in _wheels(files):
-        add("wheel", wheel.name, _file_digest(wheel))
+        add("wheel", wheel.name, file_sha256(wheel))
     for name, path in sorted(context_files.items()):
-        add("context", name, _file_digest(path))
+        add("context", name, file_sha256(path))
     return digest.hexdigest()
 
 

@@ -42,7 +42,16 @@ from gdn.matrix.config import (
     wheelhouse_dir,
 )
 from gdn.matrix.jsonio import UnreadableFileError, read_capped
-from gdn.matrix.lockfile import NOT_RECORDED, Lock, LockFileError, parse_body, parse_lock, render_header
+from gdn.matrix.lockfile import (
+    NOT_RECORDED,
+    Lock,
+    LockFileError,
+    file_sha256,
+    parse_body,
+    parse_lock,
+    render_header,
+)
+from gdn.matrix.program import Program
 
 TEST_REQUIREMENTS = Path("docker/requirements-test.txt")
 # Pins a cell takes over what its other packages' metadata allows: a cuda cell pairs torch with a
@@ -236,14 +245,6 @@ def _check_pins(inputs: LockInputs, requirements: list[str], index_args: Sequenc
     raise LockError(f"cell {inputs.cell}: uv failed: {_uv_reason(run.stderr) or run.stdout.strip()}")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while chunk := stream.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _resolve(inputs: LockInputs, wheelhouse: Path, index_args: Sequence[str]) -> str:
     """uv's hashed resolution of the cell's resolved pins and the test tools."""
     with tempfile.TemporaryDirectory(prefix="gdn-lock-links-") as links, tempfile.TemporaryDirectory() as scratch:
@@ -300,7 +301,7 @@ def render_lock(inputs: LockInputs, resolution: str, wheelhouse: Path, uv: str) 
     for pin in inputs.wheelhouse_pins:
         path = wheelhouse / pin.wheel
         if path.is_file():
-            sha = _sha256(path)
+            sha = file_sha256(path)
             fields.append(("wheelhouse", f"{pin.wheel} sha256:{sha}"))
             hashed.append(f"{pin.requirement} \\\n    --hash=sha256:{sha}\n    # from the wheelhouse: {pin.wheel}")
         else:
@@ -395,7 +396,7 @@ def _find_links_hashes(index_args: Sequence[str]) -> dict[tuple[str, str], set[s
                 name, version, _, _ = parse_wheel_filename(path.name)
             except ValueError:
                 continue
-            found.setdefault((name, str(version)), set()).add(_sha256(path))
+            found.setdefault((name, str(version)), set()).add(file_sha256(path))
     return found
 
 
@@ -438,7 +439,7 @@ def hash_problems(
         if not path.is_file():
             notes.append(f"{pin.distribution}'s hash not verified here: {pin.wheel} is not in the wheelhouse")
             continue
-        sha = _sha256(path)
+        sha = file_sha256(path)
         if list(listed) != [sha]:
             problems.append(
                 f"line {lock.lines[name]}: {name}=={lock.packages[name]}: its hashes are not the wheelhouse file "
@@ -543,10 +544,8 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gdn-matrix lock", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+PROGRAM = Program("gdn-matrix lock", __doc__.splitlines()[0], add_arguments, run)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import hashlib
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
@@ -97,6 +98,16 @@ class Lock(_Frozen):
     def summary(self) -> dict[str, object]:
         """What a cell's report entry carries: {"digest", "packages"}."""
         return {"digest": self.digest, "packages": dict(sorted(self.packages.items()))}
+
+
+def file_sha256(path: Path) -> str:
+    """A file's sha256 in hex, as a wheelhouse line and a pip `--hash` carry it; read in blocks, so a
+    wheel of gigabytes never sits in memory whole."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def body_digest(body: str) -> str:

@@ -28,6 +28,7 @@ from typing import Any
 from gdn.backends.base import describe_error
 from gdn.backends.findings import Section, distribution, guarded, section_of
 from gdn.backends.fla_choices import fla_kernel, kernel_text
+from gdn.matrix.program import Program
 
 SCHEMA = 1
 # The manifest's sections in their order, which is also the order they are computed in (torch_npu is
@@ -520,16 +521,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m gdn.matrix.probe", description="Print the environment manifest and gdn's backend resolution."
-    )
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program(
+    "python -m gdn.matrix.probe", "Print the environment manifest and gdn's backend resolution.", add_arguments, run
+)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gdn.matrix.program import Program
+
 GH_MISSING = (
     "gdn-matrix pull needs the GitHub CLI (gh), and there is no `gh` on PATH. Install it (Debian and "
     "Ubuntu: apt-get install gh), log in with `gh auth login`, and run this again; or download the "
@@ -136,16 +138,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gdn-matrix pull", description="Fetch the matrix report of the latest successful GitHub Actions run."
-    )
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program(
+    "gdn-matrix pull", "Fetch the matrix report of the latest successful GitHub Actions run.", add_arguments, run
+)
+main = PROGRAM.main
 
 
 if __name__ == "__main__":

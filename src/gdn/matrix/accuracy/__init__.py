@@ -19,9 +19,10 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+
+from gdn.matrix.program import Program
 
 FILE = "accuracy.json"  # in a cell's results directory
 EXIT_CODES = "exit status: 0 the table was measured (its rows say how accurate), 2 unusable arguments"
@@ -106,11 +107,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gdn-matrix accuracy", description=__doc__.splitlines()[0], epilog=EXIT_CODES)
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser().parse_args(argv))
+PROGRAM = Program("gdn-matrix accuracy", __doc__.splitlines()[0], add_arguments, run, EXIT_CODES)
+main = PROGRAM.main
