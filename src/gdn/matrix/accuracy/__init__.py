@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from gdn.matrix.devices import visible_accelerator
+
 FILE = "accuracy.json"  # in a cell's results directory
 EXIT_CODES = "exit status: 0 the table was measured (its rows say how accurate), 2 unusable arguments"
 BUDGET_S = 600.0
@@ -52,12 +54,7 @@ def _device(requested: str | None):
 
     if requested:
         return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        return torch.device("npu")
-    return torch.device("cpu")
+    return torch.device(visible_accelerator() or "cpu")
 
 
 def run(args: argparse.Namespace) -> int:
