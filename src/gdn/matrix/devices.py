@@ -106,7 +106,8 @@ class DeviceKind:
         (torch.cpu, torch.cuda, torch.npu) says one is available. An extension that does not import
         (absent, or without its driver) sees none."""
         with contextlib.suppress(Exception):
-            torch = importlib.import_module("torch")
+            import torch
+
             if self.torch_extension is not None:
                 importlib.import_module(self.torch_extension)
             return bool(getattr(torch, self.torch_type).is_available())
