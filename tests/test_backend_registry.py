@@ -1,12 +1,18 @@
-"""One way to add a backend: a Backend subclass in one file, registered by one entry of the table
-(gdn.backends.registry), is resolved, named by matrix.yaml's validation, versioned and probed, with no
-other file touched; and the table is the one list every reader has."""
+"""One way to add a backend: a module dropped into the gdn.backends package, declaring a Backend subclass
+(its REGISTRATION, read from its source by gdn.backends.registry), is resolved, named by matrix.yaml's
+validation, versioned, probed and benchmarked, with no other file touched; and the table it joins is the
+one list every reader has."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+import importlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,56 +21,47 @@ import torch
 import yaml
 
 import gdn
+import gdn.backends
 from gdn import resolve
 from gdn.backends import registry
-from gdn.backends.base import Backend, OpTable
-from gdn.calls import L2NormCall
-from gdn.matrix import config, probe, versions
+from gdn.backends.base import Backend
+from gdn.matrix import bench, config, probe, versions
+from toy_backend import TOY_VERSION, ToyBackend, toy_l2norm
 
 pytestmark = pytest.mark.tooling
 
 ROOT = Path(__file__).resolve().parents[1]
-TOY_VERSION = "0.7.1"
+TOY_SOURCE = (Path(__file__).parent / "toy_backend.py").read_text()
+BUILT_IN = ("eager", "ascendc", "triton", "fla", "flashqla", "torch_npu")
 
 
-def toy_l2norm(call: L2NormCall) -> torch.Tensor:
-    x = call.x.double()
-    return (x / torch.sqrt((x * x).sum(-1, keepdim=True) + call.eps)).to(call.x.dtype)
-
-
-@dataclass(eq=False)
-class ToyBackend(Backend):
-    """A peer of one op on the host, first in auto there."""
-
-    name: str = "toy"
-    devices: tuple[str, ...] = ("cpu",)
-    auto_rank: Mapping[str, int] = field(default_factory=lambda: {"cpu": 0})
-    probe_tolerance: Mapping[str, float] = field(default_factory=lambda: {"l2norm": 1e-5})
-    peer: bool = True
-
-    def loader(self) -> OpTable:
-        return {"l2norm": toy_l2norm}
-
-    def route(self, op: str) -> str:
-        return f"toy:{TOY_VERSION}"
-
-    def describe(self) -> dict[str, Callable[[], Any]]:
-        return {"toy": lambda: {"distribution": {"name": "toy-kernels", "version": TOY_VERSION}}}
-
-
-TOY = registry.Registration("toy", f"{__name__}:ToyBackend", versions={"toy": ("toy", "distribution", "version")})
+def drop_into_package(monkeypatch: pytest.MonkeyPatch, directory: Path, modules: dict[str, str]) -> None:
+    """Each module (name -> source) written into `directory`, which joins the gdn.backends package's path:
+    the package as it would be with those files added to it."""
+    for name, source in modules.items():
+        (directory / f"{name}.py").write_text(source)
+    monkeypatch.setattr(gdn.backends, "__path__", [*gdn.backends.__path__, str(directory)])
+    importlib.invalidate_caches()
+    for name in modules:  # imported by the test (the resolver loads them): gone with the directory
+        monkeypatch.delitem(sys.modules, f"gdn.backends.{name}", raising=False)
+        monkeypatch.delattr(gdn.backends, name, raising=False)
 
 
 @pytest.fixture
-def with_toy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The table with the toy's entry, and a resolver that loads its registry from the table afresh."""
-    monkeypatch.setattr(registry, "BACKENDS", (*registry.BACKENDS, TOY))
+def fresh_resolver(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A resolver that loads its registry from the table afresh, and forgets it afterwards."""
     monkeypatch.setattr(resolve, "_backends", {})
     monkeypatch.setattr(resolve, "_builtins_loaded", False)
     monkeypatch.delenv(resolve.MODE_ENV, raising=False)
     resolve.reset()
     yield
     resolve.reset()
+
+
+@pytest.fixture
+def with_toy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_resolver: None) -> None:
+    """The package with the toy's one file dropped into it."""
+    drop_into_package(monkeypatch, tmp_path, {"toy": TOY_SOURCE})
 
 
 def matrix_with(**changes: Any) -> dict:
@@ -75,6 +72,10 @@ def matrix_with(**changes: Any) -> dict:
 
 
 def test_a_backend_of_one_file_is_resolved_named_by_the_config_versioned_and_probed(with_toy) -> None:
+    # listed from its source, never imported for it: the table stays free of torch
+    assert registry.names() == (*BUILT_IN, "toy")
+    assert "gdn.backends.toy" not in sys.modules
+
     x = torch.randn(3, 5, 16, dtype=torch.float32)
     # resolved: first in auto on the host, after passing its numeric probe against eager
     out = gdn.l2norm(x)
@@ -101,6 +102,10 @@ def test_a_backend_of_one_file_is_resolved_named_by_the_config_versioned_and_pro
     # versioned: the version its entry names is among the versions the matrix records
     assert versions.versions(manifest)["toy"] == TOY_VERSION
 
+    # benchmarked: the cell's bench times it on the host, after gdn's own backends (it is a peer)
+    assert "toy" in bench.serving("cpu")
+    assert bench.timing_order(["toy", "triton", "eager"]) == ["triton", "eager", "toy"]
+
 
 def test_without_its_entry_the_toy_is_nowhere(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(config.MatrixConfigError, match="unknown compute mode 'toy'"):
@@ -110,10 +115,10 @@ def test_without_its_entry_the_toy_is_nowhere(monkeypatch: pytest.MonkeyPatch) -
 
 def test_every_reader_lists_the_backends_of_the_table() -> None:
     names = registry.names()
-    assert names == ("eager", "ascendc", "triton", "fla", "flashqla", "torch_npu")
+    assert names == BUILT_IN
     assert list(resolve.backends()) == list(names)
     assert config.compute_modes() == ("auto", *names)
-    for registration in registry.BACKENDS:
+    for registration in registry.registrations():
         loaded = registration.load()
         assert loaded.name == registration.name
         # each entry's version keys are read from sections its backend describes (the probe's manifest)
@@ -147,3 +152,63 @@ def test_the_manifest_keeps_its_sections_in_their_order() -> None:
     assert list(manifest) == ["schema", "generated_at", "hostname", *probe.LAYOUT, "checks"]
     layout = probe.LAYOUT
     assert layout.index("triton") < layout.index("torch_npu") and layout.index("fla_npu") < layout.index("ascendc")
+
+
+def test_a_backends_order_not_its_file_decides_its_place(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    drop_into_package(monkeypatch, tmp_path, {"toy": TOY_SOURCE.replace("order=60", "order=15")})
+    assert registry.names() == ("eager", "ascendc", "toy", "triton", "fla", "flashqla", "torch_npu")
+
+
+def test_two_backends_of_one_name_are_refused_with_both_modules_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    second = TOY_SOURCE.replace('name="toy"', 'name="triton"')
+    drop_into_package(monkeypatch, tmp_path, {"second_triton": second})
+    message = re.escape("two backends named 'triton': gdn.backends.triton and gdn.backends.second_triton")
+    with pytest.raises(registry.RegistrationError, match=message):
+        registry.names()
+    with pytest.raises(registry.RegistrationError, match=message):
+        config.compute_modes()
+
+
+@pytest.mark.parametrize(
+    ("declaration", "message"),
+    [
+        ('NAME = "toy"\nREGISTRATION = Registration(name=NAME, backend="ToyBackend", order=60)', "literal arguments"),
+        ('REGISTRATION = Registration(name="toy", order=60)', "literal arguments.*backend"),
+        ('REGISTRATION = dict(name="toy", backend="ToyBackend", order=60)', r"must be a call of Registration"),
+    ],
+)
+def test_a_declaration_the_registry_cannot_read_is_an_error_naming_its_module(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, declaration: str, message: str
+) -> None:
+    drop_into_package(monkeypatch, tmp_path, {"unread": declaration + "\n"})
+    with pytest.raises(registry.RegistrationError, match=f"gdn.backends.unread: REGISTRATION .*{message}"):
+        registry.names()
+
+
+def test_a_declaration_under_another_name_than_its_backends_is_refused_on_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    drop_into_package(monkeypatch, tmp_path, {"toy": TOY_SOURCE.replace('name="toy", backend', 'name="tay", backend')})
+    [registration] = [r for r in registry.registrations() if r.name == "tay"]
+    with pytest.raises(
+        registry.RegistrationError, match=re.escape("gdn.backends.toy.ToyBackend is named 'toy', registered as 'tay'")
+    ):
+        registration.load()
+
+
+def test_the_table_and_the_matrix_config_import_no_backend_and_no_torch() -> None:
+    """matrix.yaml is validated, and the CLI lists its choices, on machines without torch."""
+    code = (
+        "import sys\n"
+        "from gdn.backends import registry\n"
+        "from gdn.matrix import cli, config, versions\n"
+        "assert config.compute_modes()[1:] == registry.names() and versions.VERSION_KEYS\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton') or m in "
+        f"{[registration.module for registration in registry.registrations()]!r}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

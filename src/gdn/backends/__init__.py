@@ -1,6 +1,6 @@
-"""The built-in backends, in registration order (gdn.backends.registry). Backends that need optional
-packages (triton, fla, flash_qla, torch_npu) load them lazily on first resolution, so listing them imports
-nothing heavy."""
+"""The built-in backends: each module of this package that declares a backend (gdn.backends.registry).
+Backends that need optional packages (triton, fla, flash_qla, torch_npu) load them lazily on first
+resolution, so listing them imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -11,6 +11,6 @@ if TYPE_CHECKING:
 
 
 def builtin_backends() -> list[Backend]:
-    from gdn.backends.registry import BACKENDS
+    from gdn.backends.registry import registrations
 
-    return [registration.load() for registration in BACKENDS]
+    return [registration.load() for registration in registrations()]

@@ -2,7 +2,7 @@
 unavailable, and the route string that says which code path actually runs.
 
 A backend is one class: declared attributes (the dataclass fields below, whose defaults a subclass
-redeclares) and overridable methods. The built-in ones are listed in gdn.backends.registry."""
+redeclares) and overridable methods. A built-in one declares itself in its module (gdn.backends.registry)."""
 
 from __future__ import annotations
 

@@ -30,10 +30,22 @@ import torch
 from gdn.backends import fla_dispatch
 from gdn.backends.base import Backend, OpTable, import_version
 from gdn.backends.findings import Section, distribution, imported, mark_stand_in
+from gdn.backends.registry import Registration
 from gdn.calls import GdnCall, L2NormCall
 from gdn.gates import floored
 
 NAME = "fla"
+REGISTRATION = Registration(
+    name="fla",
+    backend="FlaBackend",
+    order=30,
+    versions={
+        "fla": ("fla", "distribution", "version"),
+        # what fla's own dispatch hands its chunk op to, beside it (fla's section lists them)
+        "flash_qla": ("fla", "peer_packages", "flash-qla"),
+        "tilelang": ("fla", "peer_packages", "tilelang"),
+    },
+)
 DISTRIBUTIONS = ("fla-core", "flash-linear-attention")
 # what fla's dispatch depends on: FlashQLA's kernels (flash-qla on tilelang, which needs z3-solver)
 PEER_DISTRIBUTIONS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")

@@ -30,10 +30,12 @@ import torch
 
 from gdn import kernel_log
 from gdn.backends.base import Backend, OpTable, import_version
+from gdn.backends.registry import Registration
 from gdn.calls import GdnCall
 from gdn.gates import floored
 
 NAME = "flashqla"
+REGISTRATION = Registration(name="flashqla", backend="FlashQLABackend", order=40)
 OP = "chunk_gated_delta_rule"
 HEAD_DIM = 128
 DTYPES = (torch.bfloat16, torch.float16)

@@ -28,10 +28,17 @@ import torch
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.base import Backend, OpTable, import_version
 from gdn.backends.findings import Section, distribution, guarded, imported, mark_stand_in
+from gdn.backends.registry import Registration
 from gdn.calls import GdnCall
 from gdn.gates import floored
 
 NAME = "torch_npu"
+REGISTRATION = Registration(
+    name="torch_npu",
+    backend="TorchNpuBackend",
+    order=50,
+    versions={"torch_npu": ("torch_npu", "distribution", "version")},
+)
 OP = "chunk_gated_delta_rule"
 FUNCTION = "npu_chunk_gated_delta_rule"
 L2NORM_EPS = 1e-6  # gdn's l2norm: x / sqrt(sum(x^2) + eps), in fp32

@@ -56,6 +56,7 @@ import torch
 import gdn
 from gdn.kernel_log import KernelLog
 from gdn.matrix.cell import end_group
+from gdn.matrix.devices import visible_accelerator as accelerator
 from gdn.matrix.kernels import add_step, peer_text, recording
 from gdn.matrix.schema import BenchFile, BenchRow, shape_text
 from gdn.matrix.timing import (
@@ -94,17 +95,6 @@ COLUMNS = ["op", "shape", "pass", "backend", "implementation", "ms", "ratio", "p
 class BudgetSpent(BaseException):
     """Raised by the bench's timer inside a timed call; BaseException so that no handler of a
     backend's own errors swallows it."""
-
-
-def accelerator() -> str | None:
-    if torch.cuda.is_available():
-        return "cuda"
-    with contextlib.suppress(Exception):  # torch_npu absent or without CANN: no NPU
-        import torch_npu  # noqa: F401
-
-        if torch.npu.is_available():
-            return "npu"
-    return None
 
 
 def serving(device: str) -> list[str]:

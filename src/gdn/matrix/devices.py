@@ -1,12 +1,16 @@
-"""The device kinds a cell can run on, one entry each: what torch calls the device, the file that says a
-machine has one, how a container gets it, the CI runners that carry it, the platform its wheels are
-locked for, and what a cell of the kind needs. Config, the cell runner, images and the report read this
-table and nothing else about devices, so a new kind (ROCm, say) is one entry in KINDS.
+"""The device kinds a cell can run on, one entry each: what torch calls the device, whether torch sees
+one in this process, the file that says a machine has one, how a container gets it, the CI runners that
+carry it, the platform its wheels are locked for, and what a cell of the kind needs. Config, the cell
+runner, images, the probe, the cell's benchmark, the accuracy command and the report read this table and
+nothing else about devices, so a new kind (ROCm, say) is one entry in KINDS and its Dockerfile.
 
-It imports nothing from the rest of the matrix: every other matrix module may import it."""
+It imports nothing from the rest of the matrix, and torch only when asked what torch sees: every other
+matrix module may import it, on a machine without torch too."""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -94,6 +98,20 @@ class DeviceKind:
     lock_platform: str
     # What a cell of this kind needs beyond its runtime, as the end of "needs ...".
     needs: str | None
+    # The package that gives torch its module for the device type (torch.npu), imported before asking it.
+    torch_extension: str | None = None
+
+    def visible(self) -> bool:
+        """Whether torch sees a device of this kind in this process: its module for the device type
+        (torch.cpu, torch.cuda, torch.npu) says one is available. An extension that does not import
+        (absent, or without its driver) sees none."""
+        with contextlib.suppress(Exception):
+            import torch
+
+            if self.torch_extension is not None:
+                importlib.import_module(self.torch_extension)
+            return bool(getattr(torch, self.torch_type).is_available())
+        return False
 
     @property
     def accelerator(self) -> bool:
@@ -164,6 +182,7 @@ KINDS: dict[str, DeviceKind] = {
         DeviceKind(
             name="npu",
             torch_type="npu",
+            torch_extension="torch_npu",
             host_marker=Path("/dev/davinci_manager"),
             container=_npu_access,
             runner_labels=("self-hosted", "linux-aarch64-a2-1"),
@@ -179,6 +198,17 @@ def kind(name: str) -> DeviceKind:
         return KINDS[name]
     except KeyError:
         raise ValueError(f"unknown device kind {name!r}; expected one of {list(KINDS)}") from None
+
+
+def visible_torch_types() -> list[str]:
+    """The torch device types of the kinds torch sees in this process, in the table's order (cpu first),
+    each once (two kinds may share one: ROCm builds of torch serve the cuda device type)."""
+    return list(dict.fromkeys(kind.torch_type for kind in KINDS.values() if kind.visible()))
+
+
+def visible_accelerator() -> str | None:
+    """The torch device type of the first accelerator kind torch sees in this process, or None."""
+    return next((kind.torch_type for kind in KINDS.values() if kind.accelerator and kind.visible()), None)
 
 
 def needs_text(device: str, runtime: str) -> str:

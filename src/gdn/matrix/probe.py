@@ -28,6 +28,7 @@ from typing import Any
 from gdn.backends.base import describe_error
 from gdn.backends.findings import Section, distribution, guarded, section_of
 from gdn.backends.fla_choices import fla_kernel, kernel_text
+from gdn.matrix.devices import KINDS, DeviceKind, visible_torch_types
 from gdn.matrix.program import Program
 
 SCHEMA = 1
@@ -130,14 +131,30 @@ def _cuda_devices() -> Section:
     return {"available": True, "count": len(devices), "devices": devices}
 
 
+def _torch_devices(kind: DeviceKind) -> Section:
+    """The devices of a kind the probe has no builder of its own for, as torch's module for its device
+    type names them."""
+    if not kind.visible():
+        return {"available": False, "count": 0, "devices": []}
+    import torch
+
+    module = getattr(torch, kind.torch_type)
+    devices = [{"name": module.get_device_name(i)} for i in range(module.device_count())]
+    return {"available": True, "count": len(devices), "devices": devices}
+
+
 def devices_section(torch_npu: Section) -> Section:
     # npu shaped like cuda, so that a card's name is found the same way for every device kind
     npu = [{"name": name} for name in torch_npu.get("devices") or []]
-    return {
+    section: Section = {
         "cpu_count": os.cpu_count(),
         "cuda": section_of(_cuda_devices),
         "npu": {"count": torch_npu.get("device_count", 0), "devices": npu},
     }
+    for kind in KINDS.values():  # a kind added to the table: its cards the same way
+        if kind.accelerator and kind.torch_type not in section:
+            section[kind.torch_type] = section_of(lambda kind=kind: _torch_devices(kind))
+    return section
 
 
 def gdn_section() -> Section:
@@ -152,24 +169,14 @@ def gdn_section() -> Section:
     return section
 
 
-def device_types(torch_npu: Section) -> list[str]:
-    import torch
-
-    types = ["cpu"]
-    if torch.cuda.is_available():
-        types.append("cuda")
-    if torch_npu.get("device_count"):
-        types.append("npu")
-    return types
-
-
-def resolution_section(torch_npu: Section) -> list[Section]:
+def resolution_section() -> list[Section]:
+    """The resolution of every op on every device type torch sees (gdn.matrix.devices)."""
     from gdn.op_names import OP_NAMES
     from gdn.resolve import resolve
 
     records = []
     for op in OP_NAMES:
-        for device in device_types(torch_npu):
+        for device in visible_torch_types():
             try:
                 records.append(resolve(op, device).record())
             except Exception as exc:  # strict mode or an invalid mode: the error is the finding
@@ -378,7 +385,7 @@ def collect_manifest(include_resolution: bool = True) -> dict[str, Any]:
         manifest[name] = section_of(builders.get(name, _undescribed))
     manifest["checks"] = section_of(lambda: checks_section(manifest))
     if include_resolution:
-        manifest["resolution"] = section_of(lambda: resolution_section(manifest["torch_npu"]))
+        manifest["resolution"] = section_of(resolution_section)
     return manifest
 
 

@@ -17,10 +17,20 @@ import torch
 from gdn.backends.ascendc import device as npu_device
 from gdn.backends.ascendc import findings, routes
 from gdn.backends.base import Backend, OpTable
+from gdn.backends.registry import Registration
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
 
 NAME = "ascendc"
+REGISTRATION = Registration(
+    name="ascendc",
+    backend="AscendcBackend",
+    order=10,
+    versions={
+        "fla_npu": ("fla_npu", "distribution", "version"),
+        "fla_npu_generation": ("fla_npu", "api", "generation"),
+    },
+)
 
 # The generic numeric probe feeds fp32 inputs, which these kernels take in bf16: its errors are those
 # of bf16 rounding at the kernels' inputs and between the chained ops (measured with the stand-ins:

@@ -13,6 +13,7 @@ from gdn.backends.eager.gated_delta import (
     fused_recurrent_gated_delta_rule_update,
 )
 from gdn.backends.eager.pointwise import fused_gdn_gating, l2norm
+from gdn.backends.registry import Registration
 
 OPS = {
     "chunk_gated_delta_rule": chunk_gated_delta_rule,
@@ -38,3 +39,5 @@ class EagerBackend(Backend):
 
 
 EAGER = EagerBackend()
+# the one instance the whole process shares: the oracle every probe compares with
+REGISTRATION = Registration(name="eager", backend="EAGER", order=0)

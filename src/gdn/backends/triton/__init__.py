@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gdn.backends.base import Backend, OpTable, describe_error
+from gdn.backends.registry import Registration
 from gdn.backends.triton._common import INTERPRET_ENV, flavour, is_interpreting
 
 NAME = "triton"
+# triton and triton-ascend install the same `triton` module: its version is what imports, else the
+# installed distribution's (gdn.matrix.versions)
+REGISTRATION = Registration(
+    name="triton", backend="TritonBackend", order=20, versions={"triton_flavour": ("triton", "flavour")}
+)
 INTERPRETER_REASON = f"triton on cpu needs {INTERPRET_ENV}=1 (the interpreter)"
 # The device types each Triton target serves (ROCm GPUs are torch device type "cuda").
 _TARGETS = {"cuda": ("cuda", "hip"), "npu": ("npu",)}

@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from gdn.matrix.devices import visible_accelerator
 from gdn.matrix.program import Program
 
 FILE = "accuracy.json"  # in a cell's results directory
@@ -53,12 +54,7 @@ def _device(requested: str | None):
 
     if requested:
         return torch.device(requested)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    npu = getattr(torch, "npu", None)
-    if npu is not None and npu.is_available():
-        return torch.device("npu")
-    return torch.device("cpu")
+    return torch.device(visible_accelerator() or "cpu")
 
 
 def run(args: argparse.Namespace) -> int:
