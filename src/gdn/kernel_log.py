@@ -6,8 +6,8 @@ peer dispatches again inside itself, per call and by the call's dtype (fla's reg
 and in that function's backward `common.chunk_bwd_dqkwg` to TileLang where TileLang is installed). So
 the log keeps one entry per (level, function, dtype, what ran, the candidates passed over), counted:
 level "gdn" for gdn's own choice per op call (`record_route`, which also keeps the route that served
-the thread's latest call: `last_route`), and the peer's name for the
-dispatch inside it (its adapter watches it: `Backend.watch`).
+the thread's latest call: `last_route`), and the peer's name for the dispatch inside it (its adapter
+watches it: `Backend.watch`).
 
 Off by default: an op call then pays one attribute read. The matrix turns it on while a cell runs its
 test families, its accuracy table and its benchmark (gdn.matrix.kernels). Backward passes run on
