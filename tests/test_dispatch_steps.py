@@ -196,3 +196,18 @@ def test_a_compiled_decode_loop_takes_the_prepared_step(gen, served):
             assert rel_err(o, expected) <= 1e-5 and rel_err(pool, expected_pool) <= 1e-5
     triton_calls = len(served) - 4  # the eager calls have no step
     assert triton_calls == 2, "resolved, then prepared; the rest are steps"
+
+
+def test_the_served_call_carries_its_route_and_whether_the_kernel_guards_the_values(gen):
+    """The full path hands the step cache and PreparedPoolDecode what they keep: the route that served
+    the call (the one the route record reports) and whether its kernel guards the values the host
+    checks read (the triton pool update does, eager does not)."""
+    op = "fused_recurrent_gated_delta_rule_update"
+    pool = new_pool(gen)
+    with torch.no_grad():
+        for mode, guards in (("triton", True), ("eager", False)):
+            with compute_mode_override(mode):
+                served = dispatch.serve(op, (*tokens(gen), pool, slots(gen)), {"use_qk_l2norm_in_kernel": True})
+                assert served.route == last_route() and served.route.startswith(mode)
+                assert served.kernel_guards is guards
+                assert served.backend == mode and served.resolution.op == op

@@ -15,12 +15,15 @@ from gdn.resolve import Resolution, guards_values, resolve, trusts_values
 
 @dataclass(slots=True)
 class Served:
-    """A validated call, the backend that serves it, its implementation and the resolution it came from."""
+    """A validated call, the backend and route that serve it, its implementation, the resolution it came
+    from and whether that backend's kernel guards the values the host value checks read."""
 
     call: Call
     backend: str
+    route: str
     fn: Callable
     resolution: Resolution
+    kernel_guards: bool
 
     def run(self) -> Any:
         """The implementation's result for the call, as the public op returns it."""
@@ -33,11 +36,12 @@ def serve(name: str, args: tuple, kwargs: dict[str, Any]) -> Served:
     with check.deferred_value_checks() as value_checks:
         call = PREPARE[name](*args, **kwargs)
     resolution = resolve(name, call.device, call)
-    backend, fn = resolution.serve(call)
+    backend, route, fn = resolution.serve(call)
+    kernel_guards = guards_values(backend, name)
     check.run_value_checks(
         value_checks,
-        kernel_guards=guards_values(backend, name),
+        kernel_guards=kernel_guards,
         kernel_trusts=trusts_values(backend, name),
         serving=f"{name} on backend '{backend}'",
     )
-    return Served(call, backend, fn, resolution)
+    return Served(call, backend, route, fn, resolution, kernel_guards)

@@ -5,8 +5,9 @@ peer dispatches again inside itself, per call and by the call's dtype (fla's reg
 `gated_delta_rule.chunk_gated_delta_rule` to FlashQLA for bf16 and to its own Triton function for fp32,
 and in that function's backward `common.chunk_bwd_dqkwg` to TileLang where TileLang is installed). So
 the log keeps one entry per (level, function, dtype, what ran, the candidates passed over), counted:
-level "gdn" for gdn's own choice per op call (gdn.resolve notes it), and the peer's name for the
-dispatch inside it (its adapter watches it: `Backend.watch`).
+level "gdn" for gdn's own choice per op call (`record_route`, which also keeps the route that served
+the thread's latest call: `last_route`), and the peer's name for the dispatch inside it (its adapter
+watches it: `Backend.watch`).
 
 Off by default: an op call then pays one attribute read. The matrix turns it on while a cell runs its
 test families, its accuracy table and its benchmark (gdn.matrix.kernels). Backward passes run on
@@ -17,6 +18,7 @@ read as the difference of two marks (`mark`, `since`).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -95,6 +97,24 @@ def note(level: str, function: str, dtype: torch.dtype, ran: str, passed_over: P
     log = ACTIVE
     if log is not None:
         log.note(KernelEntry(level, function, dtype_name(dtype), ran, passed_over, _during))
+
+
+# the route that served this thread's (or asyncio task's) latest op call
+_last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_last_route", default=None)
+
+
+def record_route(route: str, op: str, dtype: torch.dtype, passed_over: PassedOver = ()) -> None:
+    """Record `route` as the one that served this thread's latest call of `op` (inputs of `dtype`), and
+    note the call at level "gdn" in the log in force: Resolution.serve does, and so does a caller that
+    serves calls through an implementation it took from Resolution.serve once (gdn.prepared's steps)."""
+    _last_route.set(route)
+    if ACTIVE is not None:
+        note("gdn", op, dtype, route, passed_over)
+
+
+def last_route() -> str | None:
+    """The route that served the latest op call in this thread or asyncio task (None before any)."""
+    return _last_route.get()
 
 
 @contextlib.contextmanager

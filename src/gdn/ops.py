@@ -17,9 +17,9 @@ import torch
 
 from gdn import calls, library
 from gdn.dispatch import serve
+from gdn.kernel_log import record_route
 from gdn.op_specs import BY_NAME
 from gdn.prepared import prepared_step, run_op
-from gdn.resolve import last_route, record_route
 from gdn.tensor_metadata import SameMetadata, metadata
 
 
@@ -80,7 +80,7 @@ class PreparedPoolDecode:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         served = serve(OP, args, kwargs)
         arguments = _SPEC.bind(args, kwargs)
-        self.route: str = last_route() or served.backend
+        self.route: str = served.route or served.backend
         self._pool = arguments["ssm_pool"]
         self._options = {name: arguments[name] for name in _SPEC.names[_SPEC.step_tensors :]}
         self._same = SameMetadata(tuple(arguments[name] for name in STEP_ARGUMENTS))

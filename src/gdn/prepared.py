@@ -22,8 +22,9 @@ import torch
 
 from gdn import _validate as check
 from gdn import dispatch
+from gdn.kernel_log import record_route
 from gdn.op_specs import SPECS
-from gdn.resolve import Resolution, decided, guards_values, last_route, record_route
+from gdn.resolve import Resolution, decided
 from gdn.tensor_metadata import SameMetadata, metadata
 
 # the ops that may have a prepared step, and how many leading positional arguments are its tensors
@@ -63,17 +64,14 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The public op `name` outside a compiled graph: its prepared step where the call repeats one's
     metadata, else the full path (remembering the step for the calls that repeat this one's)."""
     width = STEP_TENSORS.get(name)
+    key = step = None
     if width is not None and len(args) >= width:
         tensors = args[:width]
         step = _latest.get(name)
         if step is None or not _repeats(step, name, tensors, args[width:], kwargs):
             key = _step_key(name, args, width, kwargs)
-            if key is None:
-                step = None
-            else:
-                step = _steps.get(key)
-                if step is None:
-                    return _prepare_step(name, key, args, kwargs)
+            step = None if key is None else _steps.get(key)
+            if step is not None:
                 _latest[name] = step
         # a stored step's metadata is of tensors (a call whose arguments are not tensors fails validation
         # before any step is stored)
@@ -84,7 +82,10 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         ):
             record_route(step.route, name, tensors[0].dtype)
             return step.run(*tensors)
-    return dispatch.serve(name, args, kwargs).run()
+    served = dispatch.serve(name, args, kwargs)
+    if key is not None and step is None:  # a key without a step: remember this call's
+        _remember(name, key, args, served)
+    return served.run()
 
 
 def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
@@ -116,40 +117,39 @@ def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tup
     for value in kwargs.values():
         if type(value) not in _OPTION_TYPES:
             return None
+    held = _options(options, kwargs)
     first = args[0]
     resolution = decided(name, first.device.type) if isinstance(first, torch.Tensor) else None
     if resolution is None:
         return None
-    tensors = metadata(args[:width])
-    return (name, tensors, _options(options, kwargs), check.value_check_mode(), id(resolution))
+    return (name, metadata(args[:width]), held, check.value_check_mode(), id(resolution))
 
 
 def prepared_step(served: dispatch.Served) -> Callable | None:
     """The serving implementation's prepared step for a validated call, where it offers one and its
     kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
     prepare = getattr(served.fn, "prepare", None)
-    if prepare is None or not guards_values(served.backend, served.resolution.op) or check.value_check_mode() == "1":
+    if prepare is None or not served.kernel_guards or check.value_check_mode() == "1":
         return None
     return prepare(served.call)
 
 
-def _prepare_step(name: str, key: tuple, args: tuple, kwargs: dict[str, Any]) -> Any:
-    """The full path for a call, remembering its prepared step (or that it has none) for the calls
-    that repeat its metadata."""
-    served = dispatch.serve(name, args, kwargs)
-    if id(served.resolution) == key[-1]:  # else decided anew since the key was taken (a reset in another thread)
-        step = Step(
-            SameMetadata(args[: STEP_TENSORS[name]]),
-            key[2],
-            key[3],
-            served.resolution,
-            last_route(),
-            prepared_step(served),
-            served.call.device.type,
-        )
-        with _steps_lock:
-            if len(_steps) >= MAX_STEPS:
-                del _steps[next(iter(_steps))]  # the oldest
-            _steps[key] = step
-            _latest[name] = step
-    return served.run()
+def _remember(name: str, key: tuple, args: tuple, served: dispatch.Served) -> None:
+    """Remember a call's prepared step (or that it has none) for the calls that repeat its metadata."""
+    if id(served.resolution) != key[-1]:  # decided anew since the key was taken (a reset in another thread)
+        return
+    run = prepared_step(served)
+    step = Step(
+        SameMetadata(args[: STEP_TENSORS[name]]),
+        key[2],
+        key[3],
+        served.resolution,
+        served.route,
+        run,
+        served.call.device.type,
+    )
+    with _steps_lock:
+        if len(_steps) >= MAX_STEPS:
+            del _steps[next(iter(_steps))]  # the oldest
+        _steps[key] = step
+        _latest[name] = step

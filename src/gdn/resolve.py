@@ -31,6 +31,7 @@ from gdn import env_vars, kernel_log, numeric_probe
 from gdn.backends.base import Backend
 from gdn.calls import Call
 from gdn.errors import STRICT_ENV, GdnBackendError, strict
+from gdn.kernel_log import last_route as last_route  # where the route of a thread's latest call is read
 
 log = logging.getLogger("gdn")
 
@@ -59,6 +60,9 @@ class Resolution:
     probe: dict[str, Any] | None = None
     forward_only: bool = False
     fn: Callable | None = field(default=None, repr=False)
+    # what serves the calls that need gradients where the backend serves the op forward only: eager's
+    # route and implementation, taken when deciding
+    training: tuple[str, Callable] | None = field(default=None, repr=False)
     # what serves the calls this backend refuses: the candidates after it, decided on the first refusal
     refusals: Counter[str] = field(default_factory=Counter)
     remaining: list[Backend] = field(default_factory=list, repr=False)
@@ -85,11 +89,12 @@ class Resolution:
             ],
         }
 
-    def serve(self, call: Call) -> tuple[str, Callable]:
-        """The backend and implementation for one validated call (gdn.calls.Call): this resolution's;
-        the next candidate's when the backend refuses the call; eager when the call needs gradients and
-        the backend serves the op forward only (logged once per op, device and backend). The call is
-        noted in the kernel log in force (gdn.kernel_log), with the backends that passed it on and why."""
+    def serve(self, call: Call) -> tuple[str, str, Callable]:
+        """The backend, route and implementation for one validated call (gdn.calls.Call): this
+        resolution's; the next candidate's when the backend refuses the call; eager when the call needs
+        gradients and the backend serves the op forward only (logged once per op, device and backend).
+        The call is noted in the kernel log in force (gdn.kernel_log), with the backends that passed it
+        on and why."""
         res = self
         passed_over: list[tuple[str, str]] = []
         reason = _registry()[res.backend].refusal(res.op, call)
@@ -98,7 +103,7 @@ class Resolution:
             res = _refused(res, reason, call)
             reason = _registry()[res.backend].refusal(res.op, call)
         backend, route, fn = res.backend, res.route, res.fn
-        if res.forward_only and _needs_grad(call):
+        if res.training is not None and _needs_grad(call):
             key = (res.op, res.device, res.backend)
             with _lock:
                 if key not in _training_fallbacks:
@@ -107,10 +112,9 @@ class Resolution:
                         f"gdn: {res.op} on {res.device}: {route} is forward-only; calls that need gradients run eager"
                     )
             passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
-            eager = _registry()[EAGER]
-            backend, route, fn = EAGER, eager.route_of(res.op), eager.implementation(res.op)
-        record_route(route, res.op, call.dtype, tuple(passed_over))
-        return backend, fn
+            backend, (route, fn) = EAGER, res.training
+        kernel_log.record_route(route, res.op, call.dtype, tuple(passed_over))
+        return backend, route, fn
 
 
 _lock = threading.RLock()
@@ -240,6 +244,10 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
     device_type = device.type
     rejected: list[Rejection] = []
     is_strict = strict()
+    not_candidates = _not_candidates(device_type, mode, candidates)
+    eager = _registry()[EAGER]
+    # the reference of every probe, and what serves a forward-only backend's calls that need gradients
+    eager_route, eager_fn = eager.route_of(op), eager.implementation(op)
     for position, backend in enumerate(candidates):
         reason = backend.why_unavailable(device_type)
         fn = None if reason else backend.implementation(op)
@@ -262,7 +270,7 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
                     like=like,
                     refusal=functools.partial(backend.refusal, op),
                     outside_limits=backend.probe_outside_limits,
-                    eager=_registry()[EAGER].implementation(op),
+                    eager=eager_fn,
                     compile_ahead=compile_ahead,
                 )
             probe = report.record()
@@ -270,8 +278,9 @@ def _decide(op: str, device: torch.device, mode: str, candidates: list[Backend],
                 reason = f"numeric probe failed: {report.reason}"
         if reason is None:
             res = Resolution(op, device_type, mode, backend.name, route, is_strict, rejected, probe, forward_only, fn)
-            res.remaining, res.where = candidates[position + 1 :], device
-            res.not_candidates = _not_candidates(device_type, mode, candidates)
+            res.remaining, res.where, res.not_candidates = candidates[position + 1 :], device, not_candidates
+            if forward_only:
+                res.training = (eager_route, eager_fn)
             return res
         rejected.append(Rejection(backend.name, route, reason, probe))
         if is_strict and (backend.name == mode or (mode == AUTO and probe is not None)):
@@ -309,7 +318,8 @@ def resolve(op: str, device: torch.device | str, like: Call | None = None) -> Re
     with _lock:
         res = _cache.get(key)
         if res is None:
-            res = _decide(op, device, mode, _candidates(op, device.type, mode), like)
+            candidates = _candidates(op, device.type, mode)
+            res = _decide(op, device, mode, candidates, like)
             _cache[key] = res
             _log_decision(res)
         return res
@@ -322,8 +332,6 @@ def decided(op: str, device_type: str) -> Resolution | None:
 
 
 _training_fallbacks: set[tuple[str, str, str]] = set()
-# the route that served this thread's (or asyncio task's) latest call
-_last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_last_route", default=None)
 
 
 def _needs_grad(call: Call) -> bool:
@@ -347,20 +355,6 @@ def _refused(res: Resolution, reason: str, call: Call) -> Resolution:
             f"gdn: {res.op} on {res.device}: {res.backend} refused a call ({reason}); {res.fallback.route} serves it"
         )
     return res.fallback
-
-
-def record_route(route: str, op: str, dtype: torch.dtype, passed_over: tuple[tuple[str, str], ...] = ()) -> None:
-    """Record `route` as the one that served this thread's latest call of `op` (inputs of `dtype`), and
-    note the call in the kernel log in force: Resolution.serve does, and so does a caller that serves
-    calls through an implementation it took from Resolution.serve once (gdn.prepared's steps)."""
-    _last_route.set(route)
-    if kernel_log.ACTIVE is not None:
-        kernel_log.note("gdn", op, dtype, route, passed_over)
-
-
-def last_route() -> str | None:
-    """The route that served the latest op call in this thread or asyncio task (None before any)."""
-    return _last_route.get()
 
 
 def resolutions() -> list[dict[str, Any]]:
