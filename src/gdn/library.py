@@ -258,7 +258,7 @@ def call(public: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     raises the op's own error."""
     spec = _SPECS[public]
     values = spec.bind(args, kwargs)
-    if any(values[a.name] is not a.default for a in spec.args if not a.carried):
+    if any(values.get(a.name, a.default) is not a.default for a in spec.args if not a.carried):
         PREPARE[public](*args, **kwargs)
     scale = values.get("scale")
     if scale is not None and type(scale) is not float:
