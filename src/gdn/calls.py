@@ -147,10 +147,13 @@ Arguments = dict[str, Any]
 PREPARE: dict[str, Callable[..., Call]] = {}
 
 
-def _op(build: Callable[[OpSpec, Arguments], Call]) -> Callable[..., Call]:
-    """The op named like `build`, taking the arguments its spec declares: bound, its refused peer
+# validates a call's bound arguments (its op's spec, the arguments) and makes its call
+Build = Callable[[OpSpec, Arguments], Call]
+
+
+def define(spec: OpSpec, build: Build) -> Callable[..., Call]:
+    """The op's prepare, registered in PREPARE: a call bound to its spec's arguments, its refused peer
     features checked, then `build` validates them and makes the call."""
-    spec = BY_NAME[build.__name__]
 
     def prepare(*args: Any, **kwargs: Any) -> Call:
         arguments = spec.bind(args, kwargs)
@@ -159,9 +162,15 @@ def _op(build: Callable[[OpSpec, Arguments], Call]) -> Callable[..., Call]:
         return build(spec, arguments)
 
     functools.update_wrapper(prepare, build)
+    prepare.__name__ = prepare.__qualname__ = spec.name
     prepare.__signature__ = spec.signature()  # type: ignore[attr-defined]
     PREPARE[spec.name] = prepare
     return prepare
+
+
+def _op(build: Build) -> Callable[..., Call]:
+    """A built-in op's prepare, from its build named like the op."""
+    return define(BY_NAME[build.__name__], build)
 
 
 def _refuse_features(spec: OpSpec, arguments: Arguments) -> None:

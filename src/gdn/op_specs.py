@@ -354,4 +354,19 @@ SPECS = (
         ("A_log", "a", "b", "dt_bias"),
     ),
 )
+# every op by name: the built-in ones, then those register() adds (gdn.op_registration)
 BY_NAME = {spec.name: spec for spec in SPECS}
+
+
+def register(spec: OpSpec) -> None:
+    """Add an op beside the built-in ones; its name is taken for the process."""
+    if spec.name in BY_NAME:
+        raise ValueError(f"register: argument 'spec' expected an op of a new name, got {spec.name!r}, already an op")
+    BY_NAME[spec.name] = spec
+
+
+def unregister(name: str) -> OpSpec:
+    """Remove an op register() added (a built-in op stays); returns its spec."""
+    if name not in BY_NAME or any(spec.name == name for spec in SPECS):
+        raise ValueError(f"unregister: argument 'name' expected an op register() added, got {name!r}")
+    return BY_NAME.pop(name)
