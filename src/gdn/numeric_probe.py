@@ -19,6 +19,7 @@ import torch
 
 from gdn.backends.base import describe_error
 from gdn.calls import PREPARE, Call, GdnCall
+from gdn.op_specs import BY_NAME
 
 DEFAULT_TOLERANCE = 5e-3
 # The least tolerance of a probe whose inputs are in half precision, per op: the chunk kernels keep
@@ -127,7 +128,7 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
         )
 
     if op in GDN_OPS:
-        grads = ("q", "k", "v", "g", "beta", "initial_state") if op == "chunk_gated_delta_rule" else ()
+        grads = BY_NAME[op].grads if op == "chunk_gated_delta_rule" else ()
         dense = gdn_inputs(2, 80)
         if cls.initial_state:
             dense["initial_state"] = randn(2, HV, K, V, scale=0.1)
@@ -253,8 +254,8 @@ def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[st
     call = PREPARE[op](**args)
     outputs = [t for t in _outputs(fn(call)) if t is not None]
     collected = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
-    for name in ("ssm_pool", "conv_states", "conv_state"):
-        if name in args:
+    for name in BY_NAME[op].mutates:  # what the op writes in place is compared as its outputs are
+        if args.get(name) is not None:
             collected[name] = args[name].detach()
     if case.grad:
         gen = torch.Generator().manual_seed(len(case.name))
