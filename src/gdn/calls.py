@@ -64,6 +64,15 @@ class _Tokens(Call):
     shapes: GdnShapes
     scale: float
 
+    # q read directly: every call reads its device and dtype, and these calls are the hot ones
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q.dtype
+
 
 @dataclass(slots=True)
 class GdnCall(_Tokens):
