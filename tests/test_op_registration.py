@@ -15,8 +15,10 @@ import torch
 import gdn
 from gdn import library, op_specs, resolve
 from gdn._validate import Checker
+from gdn.backends.base import Backend
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE, Arguments, Call
+from gdn.numeric_probe import Case
 from gdn.op_registration import register_op, unregister_op
 from gdn.op_specs import Arg, OpSpec, Output
 from reference import rel_err
@@ -55,11 +57,15 @@ def _eager(call: ToyCall) -> torch.Tensor:
     return (call.alpha * call.x.float() + call.y.float()).to(call.x.dtype)
 
 
+def _probe_cases(gen: torch.Generator):
+    yield Case("rows", {"x": torch.randn(4, 33, generator=gen), "y": torch.randn(4, 33, generator=gen)}, ("x", "y"))
+
+
 @pytest.fixture(scope="module")
 def toy_scaled_sum():
     """The op's public function; the op is removed after this module's tests (other modules list the
     built-in ops)."""
-    yield register_op(TOY, _build, _eager)
+    yield register_op(TOY, _build, _eager, _probe_cases)
     unregister_op(NAME)
 
 
@@ -82,6 +88,29 @@ def test_the_added_op_is_resolved_and_recorded(toy_scaled_sum, gen):
     toy_scaled_sum(x, y)
     record = next(r for r in gdn.resolutions() if r["op"] == NAME and r["device"] == "cpu")
     assert record["backend"] == resolve.resolve(NAME, "cpu").backend == "eager"
+
+
+@pytest.mark.parametrize(
+    ("peer", "served_by"),
+    [
+        (lambda call: call.alpha * call.x + call.y, "toy-peer"),
+        (lambda call: call.alpha * call.x - call.y, "eager"),  # a wrong kernel: its probe fails
+    ],
+    ids=["right", "wrong"],
+)
+def test_another_backend_serves_the_added_op_after_its_probe(toy_scaled_sum, gen, peer, served_by):
+    gdn.register_backend(Backend("toy-peer", ops={NAME: peer}, devices=("cpu",)))
+    try:
+        gdn.set_compute_mode("toy-peer")
+        x, y = _inputs(gen)
+        assert rel_err(toy_scaled_sum(x, y, alpha=0.5), 0.5 * x.double() + y.double()) < TOL[torch.float32]
+        [record] = [r for r in gdn.resolutions() if r["op"] == NAME]
+        assert record["backend"] == served_by
+        probe = record["probe"] if served_by == "toy-peer" else record["rejected"][0]["probe"]
+        assert probe["passed"] is (served_by == "toy-peer") and "rows" in str(probe)
+    finally:
+        gdn.set_compute_mode(None)
+        gdn.unregister_backend("toy-peer")
 
 
 @pytest.mark.parametrize(

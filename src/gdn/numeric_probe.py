@@ -11,7 +11,7 @@ call launches next, and the probe adds only its varlen cases' to a process's col
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -105,6 +105,10 @@ class Case:
     args: dict[str, Any]
     grad: tuple[str, ...] = ()
     fallback: bool = False
+
+
+# the cases of an op added beside the built-in ones (gdn.op_registration), from the probe's generator
+ADDED_CASES: dict[str, Callable[[torch.Generator], Iterable[Case]]] = {}
 
 
 def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
@@ -228,6 +232,8 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
             dict(A_log=randn(8, scale=0.5), a=randn(70, 8), b=randn(70, 8), dt_bias=randn(8, scale=0.5)),
             ("a", "b", "A_log", "dt_bias"),
         )
+    elif op in ADDED_CASES:
+        yield from ADDED_CASES[op](gen)
     else:
         raise ValueError(f"numeric probe: unknown op {op!r}")
 
