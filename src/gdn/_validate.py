@@ -94,7 +94,7 @@ def run_value_checks(
     if not pending:  # most calls: nothing to run, and asking whether a graph is captured costs a µs
         return
     if _capturing():
-        if kernel_trusts and pending:
+        if kernel_trusts:
             raise RuntimeError(
                 f"{serving}: its kernel does not check slot indices or offsets, and the host checks that "
                 "stand in for it cannot run while a CUDA graph is captured; capture this call on a backend "

@@ -121,10 +121,6 @@ class OpSpec:
         return tuple(a.name for a in self.args if not a.keyword_only)
 
     @functools.cached_property
-    def required(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args if a.default is REQUIRED)
-
-    @functools.cached_property
     def dense(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args if a.dense)
 
@@ -174,8 +170,8 @@ class OpSpec:
         Python binds every op call, in a fraction of the time binding by hand took, and raises its own
         TypeErrors. Its source holds nothing but the argument names, identifiers (__post_init__); the
         defaults are the function's own attributes."""
-        keyword = [a.name for a in self.args if a.keyword_only]
-        params = ", ".join([*self.positional, *(["*", *keyword] if keyword else [])])
+        by_keyword = [a.name for a in self.args if a.keyword_only]
+        params = ", ".join([*self.positional, *(["*", *by_keyword] if by_keyword else [])])
         kept = ", ".join(f"{a.name!r}: {a.name}" for a in self.args if a.refused is None)
         features = "".join(f"{a.name}, " for a in self.refused)
         namespace: dict[str, Any] = {}
