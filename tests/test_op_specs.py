@@ -127,6 +127,30 @@ def test_a_call_its_signature_cannot_bind_raises_pythons_type_error(op, args, kw
         getattr(gdn, op)(*args, **kwargs)
 
 
+def test_too_many_positionals_beside_a_keyword_raise_pythons_own_words():
+    """Python counts the keyword-only arguments given in this message; the op's binding is Python's."""
+    message = (
+        r"^fused_recurrent_gated_delta_rule_update\(\) takes from 7 to 10 positional arguments but 11 positional "
+        r"arguments \(and 1 keyword-only argument\) were given$"
+    )
+    with pytest.raises(TypeError, match=message):
+        BY_NAME["fused_recurrent_gated_delta_rule_update"].bind(tuple(range(11)), {"state_v_first": True})
+
+
+def test_a_refused_feature_is_bound_only_where_it_is_not_at_its_default():
+    """Validation keys its accepted calls by the bound arguments: a refused peer feature at its default
+    (it cannot be anything else once the call is accepted) is not among them."""
+    spec = BY_NAME["chunk_gated_delta_rule"]
+    kept = [a.name for a in spec.args if a.refused is None]
+    assert list(spec.bind((1, 2, 3, 4, 5), {})) == kept
+    assert list(spec.bind((1, 2, 3, 4, 5), {"cp_context": None, "allow_neg_eigval": False})) == kept
+    context = object()
+    bound = spec.bind((1, 2, 3, 4, 5), {"cp_context": context, "allow_neg_eigval": 0})
+    assert list(bound) == [*kept, "allow_neg_eigval", "cp_context"] and bound["cp_context"] is context
+    with pytest.raises(TypeError, match=r"argument 'allow_neg_eigval' expected False \(gdn does not implement"):
+        gdn.chunk_gated_delta_rule(1, 2, 3, 4, 5, allow_neg_eigval=0)
+
+
 def test_an_extra_positional_of_a_peers_call_is_refused_by_the_peers_name():
     with pytest.raises(TypeError, match=r"argument 6 \('cache_seqlens' in causal-conv1d\) must be passed by keyword"):
         BY_NAME["causal_conv1d_update"].bind((1, 2, 3, None, None, None), {})

@@ -8,16 +8,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from gdn.op_names import OP_NAMES  # torch-free
+
 __version__ = "0.1.0"
 
+# each public name and the module that holds it: every op's public function (gdn.ops), then the rest
 _EXPORTS = {
-    "causal_conv1d_fn": "gdn.ops",
-    "causal_conv1d_update": "gdn.ops",
-    "chunk_gated_delta_rule": "gdn.ops",
-    "fused_gdn_gating": "gdn.ops",
-    "fused_recurrent_gated_delta_rule": "gdn.ops",
-    "fused_recurrent_gated_delta_rule_update": "gdn.ops",
-    "l2norm": "gdn.ops",
+    **dict.fromkeys(OP_NAMES, "gdn.ops"),
     "GdnBackendError": "gdn.errors",
     "PreparedPoolDecode": "gdn.ops",
     "compute_mode": "gdn.resolve",
@@ -27,44 +24,17 @@ _EXPORTS = {
     "set_compute_mode": "gdn.resolve",
     "unregister_backend": "gdn.resolve",
 }
-__all__ = [
-    "GdnBackendError",
-    "PreparedPoolDecode",
-    "causal_conv1d_fn",
-    "causal_conv1d_update",
-    "chunk_gated_delta_rule",
-    "compute_mode",
-    "fused_gdn_gating",
-    "fused_recurrent_gated_delta_rule",
-    "fused_recurrent_gated_delta_rule_update",
-    "l2norm",
-    "modes",
-    "register_backend",
-    "resolutions",
-    "set_compute_mode",
-    "unregister_backend",
-]
+__all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from gdn.errors import GdnBackendError
-    from gdn.ops import (
-        PreparedPoolDecode,
-        causal_conv1d_fn,
-        causal_conv1d_update,
-        chunk_gated_delta_rule,
-        fused_gdn_gating,
-        fused_recurrent_gated_delta_rule,
-        fused_recurrent_gated_delta_rule_update,
-        l2norm,
-    )
-    from gdn.resolve import (
-        compute_mode,
-        modes,
-        register_backend,
-        resolutions,
-        set_compute_mode,
-        unregister_backend,
-    )
+if TYPE_CHECKING:  # re-exports (`as`: __all__ is computed); the ops' functions are typed by their specs
+    from gdn.errors import GdnBackendError as GdnBackendError
+    from gdn.ops import PreparedPoolDecode as PreparedPoolDecode
+    from gdn.resolve import compute_mode as compute_mode
+    from gdn.resolve import modes as modes
+    from gdn.resolve import register_backend as register_backend
+    from gdn.resolve import resolutions as resolutions
+    from gdn.resolve import set_compute_mode as set_compute_mode
+    from gdn.resolve import unregister_backend as unregister_backend
 
 
 def __getattr__(name: str) -> Any:

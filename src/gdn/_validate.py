@@ -91,8 +91,10 @@ def run_value_checks(
     Never while a CUDA graph is being captured, where a host copy is illegal: a kernel that trusts the
     values is then refused (`serving` names the op and backend in the error)."""
     mode = value_check_mode()
+    if not pending:  # most calls: nothing to run, and asking whether a graph is captured costs a µs
+        return
     if _capturing():
-        if kernel_trusts and pending:
+        if kernel_trusts:
             raise RuntimeError(
                 f"{serving}: its kernel does not check slot indices or offsets, and the host checks that "
                 "stand in for it cannot run while a CUDA graph is captured; capture this call on a backend "
@@ -124,8 +126,9 @@ def _value_check(check: Callable[..., None], *args: Any) -> None:
 # The value checks registered while remember_accepted validates, one list per validation under way (a
 # check that calls another records what the inner one registers too).
 _recording: ContextVar[tuple[list[PendingCheck], ...]] = ContextVar("gdn_recording", default=())
-PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
-SCALARS = (type(None), bool, int, float, str)
+# sets: every call tests each argument's type against them
+PLAIN_TENSORS = frozenset((torch.Tensor, torch.nn.Parameter))
+SCALARS = frozenset((type(None), bool, int, float, str))
 ACCEPTED_LIMIT = 4096
 Checked = TypeVar("Checked", bound=Callable[..., Any])
 
@@ -382,8 +385,8 @@ class GdnShapes:
 @remember_accepted
 def check_gdn_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, float]:
     """The shared contract of the chunk and recurrent GDN ops (FLA layout), and the token part of the
-    pool decode's (which has no initial_state or head_first). The initial state is [N, HV, K, V], or
-    [N, HV, V, K] with state_v_first."""
+    pool decode's (which has no initial_state, head_first or output_final_state). The initial state is
+    [N, HV, K, V], or [N, HV, V, K] with state_v_first."""
     q, k, v, g, beta = (arguments[n] for n in ("q", "k", "v", "g", "beta"))
     scale, cu_seqlens, state_v_first = arguments["scale"], arguments["cu_seqlens"], arguments["state_v_first"]
     initial_state = arguments.get("initial_state")
@@ -439,7 +442,10 @@ def check_gdn_inputs(op: str, arguments: Mapping[str, Any]) -> tuple[GdnShapes, 
             [N, HV, V, K] if state_v_first else [N, HV, K, V],
             f"{layout}; N = B, or the number of sequences in cu_seqlens)",
         )
-    return GdnShapes(B, T, H, HV, K, V, N), c.scale(scale, K)
+    shapes, scale = GdnShapes(B, T, H, HV, K, V, N), c.scale(scale, K)
+    if "output_final_state" in arguments:  # the pool decode has none
+        c.flag("output_final_state", arguments["output_final_state"])
+    return shapes, scale
 
 
 @remember_accepted

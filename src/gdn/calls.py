@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -62,6 +63,15 @@ class _Tokens(Call):
     beta: torch.Tensor
     shapes: GdnShapes
     scale: float
+
+    # q read directly: every call reads its device and dtype, and these calls are the hot ones
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.q.dtype
 
 
 @dataclass(slots=True)
@@ -146,22 +156,39 @@ Arguments = dict[str, Any]
 PREPARE: dict[str, Callable[..., Call]] = {}
 
 
-def _op(build: Callable[[OpSpec, Arguments], Call]) -> Callable[..., Call]:
-    """The op named like `build`, taking the arguments its spec declares: bound, its refused peer
+# validates a call's bound arguments (its op's spec, the arguments) and makes its call
+Build = Callable[[OpSpec, Arguments], Call]
+
+
+def define(spec: OpSpec, build: Build) -> Callable[..., Call]:
+    """The op's prepare, registered in PREPARE: a call bound to its spec's arguments, its refused peer
     features checked, then `build` validates them and makes the call."""
-    spec = BY_NAME[build.__name__]
 
     def prepare(*args: Any, **kwargs: Any) -> Call:
         arguments = spec.bind(args, kwargs)
-        for arg in spec.refused:
-            if arguments[arg.name] is not arg.default:
-                check.Checker(spec.name).unsupported(arg.name, arguments[arg.name], arg.default, arg.refused)
+        if len(arguments) != spec.kept:
+            _refuse_features(spec, arguments)
         return build(spec, arguments)
 
     functools.update_wrapper(prepare, build)
+    prepare.__name__ = prepare.__qualname__ = spec.name
     prepare.__signature__ = spec.signature()  # type: ignore[attr-defined]
     PREPARE[spec.name] = prepare
     return prepare
+
+
+def _op(build: Build) -> Callable[..., Call]:
+    """A built-in op's prepare, from its build named like the op."""
+    return define(BY_NAME[build.__name__], build)
+
+
+def _refuse_features(spec: OpSpec, arguments: Arguments) -> None:
+    """The refused peer features a call names (OpSpec.bind), in the spec's order: each passes at its
+    default and leaves the arguments; anything else is refused by name."""
+    for arg in spec.refused:
+        value = arguments.pop(arg.name, arg.default)
+        if value is not arg.default:
+            check.Checker(spec.name).unsupported(arg.name, value, arg.default, arg.refused)
 
 
 def _dense(spec: OpSpec, arguments: Arguments) -> Arguments:
@@ -176,11 +203,18 @@ def _dense(spec: OpSpec, arguments: Arguments) -> Arguments:
     return arguments
 
 
-def _made(cls: type[Call], arguments: Arguments, **computed: Any) -> Call:
+def _made(cls: type[Call], arguments: Arguments) -> Call:
     """The call of type `cls` from the validated arguments (the call's own binding, free to change),
-    with the fields validation computed."""
-    arguments.update(computed)
-    return cls(*map(arguments.__getitem__, _field_names(cls)))
+    to which validation added the fields it computed."""
+    return cls(*_fields_of(cls)(arguments))
+
+
+@functools.cache
+def _fields_of(cls: type) -> Callable[[Arguments], tuple]:
+    """A call type's fields, in its order, out of the arguments (one C call: every op call makes one)."""
+    names = _field_names(cls)
+    getter = operator.itemgetter(*names)
+    return getter if len(names) > 1 else lambda arguments: (getter(arguments),)
 
 
 def _key_first(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor | None:
@@ -191,11 +225,10 @@ def _key_first(state: torch.Tensor | None, state_v_first: bool) -> torch.Tensor 
 
 def _gdn_call(spec: OpSpec, arguments: Arguments) -> GdnCall:
     """The shared contract of the chunk and recurrent ops, validated."""
-    shapes, scale = check.check_gdn_inputs(spec.name, arguments)
-    check.Checker(spec.name).flag("output_final_state", arguments["output_final_state"])
+    arguments["shapes"], arguments["scale"] = check.check_gdn_inputs(spec.name, arguments)
     arguments = _dense(spec, arguments)
-    state = _key_first(arguments["initial_state"], arguments["state_v_first"])
-    return _made(GdnCall, arguments, shapes=shapes, scale=scale, initial_state=state)
+    arguments["initial_state"] = _key_first(arguments["initial_state"], arguments["state_v_first"])
+    return _made(GdnCall, arguments)
 
 
 @_op
@@ -225,10 +258,10 @@ def fused_recurrent_gated_delta_rule_update(spec: OpSpec, arguments: Arguments) 
     fp16: the recurrence runs in fp32 and the state is rounded to the pool's dtype when written back,
     so a half-precision pool halves the state traffic). Index -1 skips the sequence: its output is zero
     and the pool is untouched. Returns o [B, T, HV, V]."""
-    shapes, scale = check.check_pool_decode_inputs(spec.name, arguments)
+    arguments["shapes"], arguments["scale"] = check.check_pool_decode_inputs(spec.name, arguments)
     arguments = _dense(spec, arguments)
-    pool = _key_first(arguments["ssm_pool"], arguments["state_v_first"])
-    return _made(PoolDecodeCall, arguments, shapes=shapes, scale=scale, ssm_pool=pool)
+    arguments["ssm_pool"] = _key_first(arguments["ssm_pool"], arguments["state_v_first"])
+    return _made(PoolDecodeCall, arguments)
 
 
 @_op

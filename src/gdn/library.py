@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from gdn import _validate as check
+from gdn import op_specs
 from gdn.calls import PREPARE
 from gdn.op_specs import SPECS, CustomOp, OpSpec, Output
 from gdn.prepared import run_op
@@ -123,15 +124,11 @@ def _conv_final_states(call, values: dict[str, Any]) -> torch.Tensor:
 # the outputs whose shape follows from the validated call, by the name their spec gives them
 _FINAL_STATES = {"final_state": _gdn_final_state, "final_states": _conv_final_states}
 
-OPS = tuple(LibraryOp.of(spec, form) for spec in SPECS for form in spec.custom_ops)
-BY_NAME = {op.name: op for op in OPS}
-_SPECS = {spec.name: spec for spec in SPECS}
-
 
 def _forward(op: LibraryOp) -> Callable:
     # the leading tensors of an op with prepared steps go by position, the way its steps take them
     # (gdn.prepared), so that a compiled decode loop's calls run the prepared step as eager ones do
-    width = _SPECS[op.public].step_tensors
+    width = op_specs.BY_NAME[op.public].step_tensors
     count = len(op.outputs)
 
     def impl(*args):
@@ -249,16 +246,38 @@ def _fake_outputs(op: LibraryOp, args: tuple) -> Any:
     return outputs if len(outputs) > 1 else outputs[0]
 
 
-CUSTOM = {op.name: _register(op) for op in OPS}
+BY_NAME: dict[str, LibraryOp] = {}
+CUSTOM: dict[str, Any] = {}
+
+
+def register(spec: OpSpec) -> None:
+    """The op's custom ops (its spec's forms), registered with torch: a built-in op's at import, an op
+    gdn.op_registration adds when it is added."""
+    for form in spec.custom_ops:
+        op = LibraryOp.of(spec, form)
+        BY_NAME[op.name] = op
+        CUSTOM[op.name] = _register(op)
+
+
+def unregister(spec: OpSpec) -> None:
+    """Forget the op's custom ops (torch keeps them, and takes their names again where registered anew)."""
+    for form in spec.custom_ops:
+        del BY_NAME[form.name], CUSTOM[form.name]
+
+
+for _spec in SPECS:
+    register(_spec)
+# the built-in ops' custom ops, in their specs' order
+OPS = tuple(BY_NAME.values())
 
 
 def call(public: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The public op `public` through its custom op, as a compiled region runs it. A call that sets an
     argument no custom op carries (a refused peer feature) is validated like outside a graph, which
     raises the op's own error."""
-    spec = _SPECS[public]
+    spec = op_specs.BY_NAME[public]
     values = spec.bind(args, kwargs)
-    if any(values[a.name] is not a.default for a in spec.args if not a.carried):
+    if any(values.get(a.name, a.default) is not a.default for a in spec.args if not a.carried):
         PREPARE[public](*args, **kwargs)
     scale = values.get("scale")
     if scale is not None and type(scale) is not float:

@@ -11,7 +11,7 @@ call launches next, and the probe adds only its varlen cases' to a process's col
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -19,6 +19,7 @@ import torch
 
 from gdn.backends.base import describe_error
 from gdn.calls import PREPARE, Call, GdnCall
+from gdn.op_specs import BY_NAME
 
 DEFAULT_TOLERANCE = 5e-3
 # The least tolerance of a probe whose inputs are in half precision, per op: the chunk kernels keep
@@ -106,6 +107,10 @@ class Case:
     fallback: bool = False
 
 
+# the cases of an op added beside the built-in ones (gdn.op_registration), from the probe's generator
+ADDED_CASES: dict[str, Callable[[torch.Generator], Iterable[Case]]] = {}
+
+
 def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
     K, V, H, HV = cls.K, cls.V, cls.H, cls.HV
 
@@ -127,7 +132,7 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
         )
 
     if op in GDN_OPS:
-        grads = ("q", "k", "v", "g", "beta", "initial_state") if op == "chunk_gated_delta_rule" else ()
+        grads = BY_NAME[op].grads if op == "chunk_gated_delta_rule" else ()
         dense = gdn_inputs(2, 80)
         if cls.initial_state:
             dense["initial_state"] = randn(2, HV, K, V, scale=0.1)
@@ -227,6 +232,8 @@ def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
             dict(A_log=randn(8, scale=0.5), a=randn(70, 8), b=randn(70, 8), dt_bias=randn(8, scale=0.5)),
             ("a", "b", "A_log", "dt_bias"),
         )
+    elif op in ADDED_CASES:
+        yield from ADDED_CASES[op](gen)
     else:
         raise ValueError(f"numeric probe: unknown op {op!r}")
 
@@ -253,8 +260,8 @@ def _collect(op: str, fn: Callable, case: Case, device: torch.device) -> dict[st
     call = PREPARE[op](**args)
     outputs = [t for t in _outputs(fn(call)) if t is not None]
     collected = {f"out{i}": t.detach() for i, t in enumerate(outputs)}
-    for name in ("ssm_pool", "conv_states", "conv_state"):
-        if name in args:
+    for name in BY_NAME[op].mutates:  # what the op writes in place is compared as its outputs are
+        if args.get(name) is not None:
             collected[name] = args[name].detach()
     if case.grad:
         gen = torch.Generator().manual_seed(len(case.name))

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Mapping
+import keyword
+import operator
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +99,16 @@ class OpSpec:
     step_tensors: int = 0
     transformers: tuple[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        # the names become a function's (OpSpec._binder); the signature checks their order and defaults
+        for name in (self.name, *(a.name for a in self.args)):
+            if not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"OpSpec: expected op and argument names that are identifiers, got {name!r}")
+        self.signature()
+        # made now what every call reads: a compiled region cannot trace a cached property's first read
+        # (its lock), and binds its calls too (gdn.library)
+        self._binder, self._feature_defaults, self.kept  # noqa: B018
+
     def arg(self, name: str) -> Arg:
         return next(a for a in self.args if a.name == name)
 
@@ -107,10 +119,6 @@ class OpSpec:
     @functools.cached_property
     def positional(self) -> tuple[str, ...]:
         return tuple(a.name for a in self.args if not a.keyword_only)
-
-    @functools.cached_property
-    def required(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args if a.default is REQUIRED)
 
     @functools.cached_property
     def dense(self) -> tuple[str, ...]:
@@ -138,59 +146,52 @@ class OpSpec:
         return f"{arg.kind}{written}{optional}"
 
     @functools.cached_property
-    def _template(self) -> dict[str, Any]:
-        return {a.name: a.default for a in self.args}
+    def kept(self) -> int:
+        """How many arguments a call binds (gdn.calls.Arguments) where it names no refused peer feature."""
+        return len(self.args) - len(self.refused)
 
     def bind(self, args: tuple, kwargs: Mapping[str, Any]) -> dict[str, Any]:
         """Every argument's value in a call `self.name(*args, **kwargs)`, in the spec's order, defaults
-        filled in; or the TypeError of a call its signature cannot bind (an extra positional argument
-        of a peer's call is refused by the name the peer gives it)."""
-        positional = self.positional
-        if len(args) > len(positional):
-            self._refuse_extra_positionals(len(args))
-        values = dict(self._template)
-        values.update(zip(positional, args, strict=False))
-        if kwargs:
-            given = positional[: len(args)]
-            for name, value in kwargs.items():
-                if name not in values:
-                    raise TypeError(f"{self.name}() got an unexpected keyword argument '{name}'")
-                if name in given:
-                    raise TypeError(f"{self.name}() got multiple values for argument '{name}'")
-                values[name] = value
-        if len(args) < self._bound_by_position:
-            missing = [n for n in self.required if values[n] is REQUIRED]
-            if missing:
-                raise TypeError(self._missing(missing))
+        filled in; a refused peer feature only where it is not at its default (after the rest), for the
+        caller to refuse. Or the TypeError of a call its signature cannot bind: Python's own, word for
+        word (an extra positional argument of a peer's call is refused by the name the peer gives it)."""
+        if len(args) > len(self.positional) and self.peer_positional is not None:
+            self._refuse_extra_positionals()
+        values, features = self._binder(*args, **kwargs)
+        if features and any(map(operator.is_not, features, self._feature_defaults)):
+            for arg, value in zip(self.refused, features, strict=True):
+                if value is not arg.default:
+                    values[arg.name] = value
         return values
 
-    def _missing(self, missing: list[str]) -> str:
-        """Python's own message for missing arguments: the positional ones first, else keyword-only."""
-        positional = [n for n in missing if n in self.positional]
-        names, kind = (positional, "positional") if positional else (missing, "keyword-only")
-        quoted = [f"'{n}'" for n in names]
-        listed = " and ".join(quoted) if len(quoted) < 3 else ", ".join(quoted[:-1]) + f", and {quoted[-1]}"
-        plural = "s" if len(names) > 1 else ""
-        return f"{self.name}() missing {len(names)} required {kind} argument{plural}: {listed}"
+    @functools.cached_property
+    def _binder(self) -> Callable[..., tuple[dict[str, Any], tuple]]:
+        """A function with the op's signature that returns its arguments, the refused features' apart:
+        Python binds every op call, in a fraction of the time binding by hand took, and raises its own
+        TypeErrors. Its source holds nothing but the argument names, identifiers (__post_init__); the
+        defaults are the function's own attributes."""
+        by_keyword = [a.name for a in self.args if a.keyword_only]
+        params = ", ".join([*self.positional, *(["*", *by_keyword] if by_keyword else [])])
+        kept = ", ".join(f"{a.name!r}: {a.name}" for a in self.args if a.refused is None)
+        features = "".join(f"{a.name}, " for a in self.refused)
+        namespace: dict[str, Any] = {}
+        exec(f"def {self.name}({params}):\n    return {{{kept}}}, ({features})", namespace)
+        binder = namespace[self.name]
+        binder.__defaults__ = tuple(a.default for a in self.args if not a.keyword_only and a.default is not REQUIRED)
+        binder.__kwdefaults__ = {a.name: a.default for a in self.args if a.keyword_only and a.default is not REQUIRED}
+        return binder
 
     @functools.cached_property
-    def _bound_by_position(self) -> int:
-        """How many positional arguments bind every required one (any more: none is missing)."""
-        if any(a.keyword_only and a.default is REQUIRED for a in self.args):
-            return len(self.positional) + 1  # a required keyword: always look
-        return max((i + 1 for i, a in enumerate(self.args) if a.default is REQUIRED), default=0)
+    def _feature_defaults(self) -> tuple:
+        return tuple(a.default for a in self.refused)
 
-    def _refuse_extra_positionals(self, given: int) -> None:
+    def _refuse_extra_positionals(self) -> None:
+        peer, name = self.peer_positional
         positional = self.positional
-        if self.peer_positional is not None:
-            peer, name = self.peer_positional
-            raise TypeError(
-                f"{self.name}: argument {len(positional) + 1} ('{name}' in {peer}) must be passed by keyword: gdn "
-                f"takes only {', '.join(positional)} by position"
-            )
-        least = sum(1 for n in positional if n in self.required)
-        takes = str(len(positional)) if least == len(positional) else f"from {least} to {len(positional)}"
-        raise TypeError(f"{self.name}() takes {takes} positional arguments but {given} were given")
+        raise TypeError(
+            f"{self.name}: argument {len(positional) + 1} ('{name}' in {peer}) must be passed by keyword: gdn "
+            f"takes only {', '.join(positional)} by position"
+        )
 
 
 def _refused(name: str, kind: str, feature: str) -> Arg:
@@ -349,4 +350,19 @@ SPECS = (
         ("A_log", "a", "b", "dt_bias"),
     ),
 )
+# every op by name: the built-in ones, then those register() adds (gdn.op_registration)
 BY_NAME = {spec.name: spec for spec in SPECS}
+
+
+def register(spec: OpSpec) -> None:
+    """Add an op beside the built-in ones; its name is taken for the process."""
+    if spec.name in BY_NAME:
+        raise ValueError(f"register: argument 'spec' expected an op of a new name, got {spec.name!r}, already an op")
+    BY_NAME[spec.name] = spec
+
+
+def unregister(name: str) -> OpSpec:
+    """Remove an op register() added (a built-in op stays); returns its spec."""
+    if name not in BY_NAME or any(spec.name == name for spec in SPECS):
+        raise ValueError(f"unregister: argument 'name' expected an op register() added, got {name!r}")
+    return BY_NAME.pop(name)

@@ -95,8 +95,9 @@ def _run(op: str, *args: Any, **kwargs: Any) -> Any:
     return out
 
 
-def _delta_rule(op: str, name: str) -> Callable:
-    """The adapter transformers calls for `op` (the chunk op or the recurrent decode), by `name`."""
+def _delta_rule(op: str) -> Callable:
+    """The adapter transformers calls for `op` (the chunk op or the recurrent decode), named as the
+    layer's attribute (the op spec's transformers names)."""
 
     # From 5.15 transformers forwards its remaining attention kwargs (cu_seq_lens_k, max_length_q, ...)
     # to the GDN kernels, as it would to fla's, which ignore them; so does this. q and k come repeated
@@ -128,12 +129,12 @@ def _delta_rule(op: str, name: str) -> Callable:
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         )
 
-    adapter.__name__ = adapter.__qualname__ = name
+    adapter.__name__ = adapter.__qualname__ = KERNELS[op][0]
     return adapter
 
 
-chunk_gated_delta_rule = _delta_rule("chunk_gated_delta_rule", "chunk_gated_delta_rule")
-recurrent_gated_delta_rule = _delta_rule("fused_recurrent_gated_delta_rule", "recurrent_gated_delta_rule")
+chunk_gated_delta_rule = _delta_rule("chunk_gated_delta_rule")
+recurrent_gated_delta_rule = _delta_rule("fused_recurrent_gated_delta_rule")
 
 
 def causal_conv1d_fn(

@@ -6,23 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gdn.backends.base import Backend, OpTable
-from gdn.backends.eager.conv import causal_conv1d_fn, causal_conv1d_update
-from gdn.backends.eager.gated_delta import (
-    chunk_gated_delta_rule,
-    fused_recurrent_gated_delta_rule,
-    fused_recurrent_gated_delta_rule_update,
-)
-from gdn.backends.eager.pointwise import fused_gdn_gating, l2norm
+from gdn.backends.eager import conv, gated_delta, pointwise
 from gdn.backends.registry import Registration
+from gdn.op_specs import SPECS
 
+# every built-in op's implementation: the function of the op's name in one of these modules
 OPS = {
-    "chunk_gated_delta_rule": chunk_gated_delta_rule,
-    "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
-    "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
-    "causal_conv1d_fn": causal_conv1d_fn,
-    "causal_conv1d_update": causal_conv1d_update,
-    "l2norm": l2norm,
-    "fused_gdn_gating": fused_gdn_gating,
+    spec.name: getattr(module, spec.name)
+    for spec in SPECS
+    for module in (gated_delta, conv, pointwise)
+    if hasattr(module, spec.name)
 }
 
 
