@@ -139,7 +139,8 @@ def _ops(ops: list[str], cells: list[ReportCell | None]) -> list[OpRow]:
         for cell in cells:
             entry = cell.resolution.get(op, {}).get(cell_primary_device(cell)) if cell else None
             text = route_text(entry) if cell else ""
-            routes.append((text, resolution_state(entry) if cell else "none", before is not None and text != before))
+            changed = cell is not None and before is not None and text != before
+            routes.append((text, resolution_state(entry) if cell else "none", changed))
             before = text if cell else before
         rows.append(OpRow(op, routes))
     return rows
@@ -195,15 +196,16 @@ def series_svg(values: list[float | None], dates: list[str], unit: str, *, log: 
     for errors), each point titled with its report's time and value. Built from escaped parts."""
     from markupsafe import escape
 
-    step, height, pad = 36, 64, 10
+    step, height, pad = 36, 40, 8
     width = pad * 2 + step * max(len(values) - 1, 1)
     shown = [(i, v) for i, v in enumerate(values) if v is not None and math.isfinite(v) and (v > 0 or not log)]
     scale = [math.log10(v) if log else v for _, v in shown]
     low, high = (min(scale), max(scale)) if scale else (0.0, 1.0)
-    span = (high - low) or 1.0
 
     def y(value: float) -> float:
-        return pad + (height - 2 * pad) * (1 - ((math.log10(value) if log else value) - low) / span)
+        if high == low:  # one value, or the same in every report: a level line in the middle
+            return height / 2
+        return pad + (height - 2 * pad) * (1 - ((math.log10(value) if log else value) - low) / (high - low))
 
     parts = [
         f'<svg class="series" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
@@ -241,4 +243,5 @@ def write_site(history: Path, out: Path) -> Path:
     reports, problems = read_reports(history)
     page = out / PAGE
     atomic_write(page, render_site(reports, problems))
+    page.chmod(0o644)  # a site is served to readers: atomic writes leave a file 0600
     return page
