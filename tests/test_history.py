@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from browser import chromium, headless
-from gdn.matrix import cli, history, schema
+from gdn.matrix import cli, schema
+from gdn.matrix import history_store as history
 
 pytestmark = pytest.mark.tooling
 
@@ -55,7 +56,7 @@ def test_add_keeps_the_report_and_its_cells_small_files_not_their_logs(results, 
     assert entry.cells == ["local"]
     kept = {f.path for f in entry.files}
     assert "report.json" in kept
-    assert {"cells/local/cell.json", "cells/local/manifest.json", "cells/local/accuracy.json"} <= kept
+    assert {"cells/local/cell.json", "cells/local/manifest.json", "cells/local/kernels.json"} <= kept
     assert "cells/local/log.txt" not in kept and not (store / key / "cells" / "local" / "log.txt").exists()
     for f in entry.files:
         assert (store / key / f.path).stat().st_size == f.bytes

@@ -14,7 +14,7 @@ from gdn.matrix import schema, speed
 from gdn.matrix.accuracy.table import case_text
 from gdn.matrix.accuracy_report import worst
 from gdn.matrix.diff import lock_change, version_changes
-from gdn.matrix.history import StoredEntry, read_entries
+from gdn.matrix.history_store import StoredEntry, read_entries
 from gdn.matrix.jsonio import REPORT_FILE_MAX_BYTES, atomic_write
 from gdn.matrix.kernel_report import kernel_line, peer_dispatch
 from gdn.matrix.report_html import html_environment
