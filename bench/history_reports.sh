@@ -4,7 +4,7 @@
 # Triton release the project supports, each installed beside the venv's torch with
 # `pip install --target DIR triton==VERSION --no-deps` and put first on PYTHONPATH; the kernels run
 # under TRITON_INTERPRET=1 (no GPU here). Each run's report is built by `gdn-matrix report`, and its
-# small files (what `gdn-matrix history add` keeps; not its log) are copied to
+# report.json and the cell's cell.json, manifest.json and kernels.json are copied to
 # tests/data/history/triton-VERSION/, laid out as the results root was (report/, local/).
 #
 #   bench/history_reports.sh [VERSION ...]     (default: 3.2.0 3.6.0 3.9.0; run from the checkout)
@@ -26,7 +26,9 @@ for version in "${versions[@]}"; do
   rm -rf "$out"
   mkdir -p "$out/report" "$out/local"
   cp "$results/report/report.json" "$out/report/"
-  for name in cell.json manifest.json resolution.json tests.jsonl junit.xml kernels.json accuracy.json entry.json; do
+  # report.json already holds the tests' counts and failures, the resolutions and the accuracy rows:
+  # of the cell's own files, those the report holds nothing of, to keep the test data small
+  for name in cell.json manifest.json kernels.json; do
     [[ -f $results/local/$name ]] && cp "$results/local/$name" "$out/local/"
   done
 done

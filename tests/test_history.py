@@ -17,6 +17,7 @@ import pytest
 from browser import chromium, headless
 from gdn.matrix import cli, schema
 from gdn.matrix import history_store as history
+from gdn.matrix.history_site import write_site
 
 pytestmark = pytest.mark.tooling
 
@@ -208,3 +209,25 @@ def test_the_site_renders_in_headless_chromium(site, tmp_path):
     assert (width, height) == (1400, 2400)
     # a blank page is one colour: its scanlines hold a handful of byte values; text, badges and plots many
     assert len(set(pixels)) > 64
+
+
+def test_render_of_a_history_that_does_not_exist_is_refused(tmp_path, capsys):
+    missing = tmp_path / "nothing"
+    assert cli.main(["history", "render", "--history", str(missing), "--out", str(tmp_path / "site")]) == 2
+    assert f"no history directory {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "site").exists()
+
+
+def test_an_entry_that_no_longer_reads_is_named_on_the_page_and_never_pruned(results, tmp_path):
+    store = tmp_path / "history"
+    assert _add(results["3.9.0"] / "report", store) == 0
+    broken = store / "20200101T000000Z-000000000000"
+    broken.mkdir()
+    (broken / "entry.json").write_text('{"key": 5}')
+    [kept] = _entries(store)
+    (store / kept / "report.json").write_text('{"schema": 1}')
+    page = write_site(store, tmp_path / "site").read_text()
+    assert f"{broken.name}: not a history entry: entry.json: key: Input should be a valid string" in page
+    assert f"{kept}: report.json: generated_at: Field required" in page
+    assert history.prune(store, keep=1, max_bytes=1) == [kept]
+    assert broken.is_dir()
