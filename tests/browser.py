@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -21,3 +23,22 @@ def chromium() -> str:
     if os.environ.get(REQUIRE) == "1":
         pytest.fail(f"{missing} ({REQUIRE}=1: this check must run here)")
     pytest.skip(missing)
+
+
+def headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run headless Chromium once (a page's DOM with --dump-dom, a --screenshot), offline and quiet."""
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        *args,
+    ]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)

@@ -57,6 +57,20 @@ COMMANDS = {
         "--budget-s": "value",
     },
     "pull": {"--repo": "value", "--branch": "value", "--workflow": "value", "--artifact": "value", "--dest": "value"},
+    "history": {},
+}
+# commands with verbs of their own: each verb's arguments
+VERBS = {
+    "history": {
+        "add": {
+            "report_dir": "positional",
+            "--results": "value",
+            "--history": "value",
+            "--keep": "value",
+            "--max-mb": "value",
+        },
+        "render": {"--history": "value", "--out": "value"},
+    },
 }
 
 
@@ -93,6 +107,12 @@ def test_the_commands_are_the_documented_ones():
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_each_commands_arguments_are_kept(command):
     assert arguments(_subcommands(cli.build_parser())[command]) == COMMANDS[command]
+
+
+@pytest.mark.parametrize("command", list(VERBS))
+def test_each_verbs_arguments_are_kept(command):
+    verbs = _subcommands(_subcommands(cli.build_parser())[command])
+    assert {verb: arguments(parser) for verb, parser in verbs.items()} == VERBS[command]
 
 
 @pytest.mark.parametrize("module", [diff, pull], ids=["diff", "pull"])

@@ -236,7 +236,7 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
     out = tmp_path / "schemas"
     assert cli.main(["schema", "--output", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report")
+    files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report", "history_entry")
     assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
     directory = _cell_dir(root, "a")

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from browser import chromium
+from browser import chromium, headless
 from gdn.matrix import report as report_mod
 from gdn.matrix import report_build, report_html, report_markdown, report_parts, versions
 from gdn.matrix.config import parse_matrix
@@ -692,28 +692,10 @@ def test_write_report_files(report, tmp_path):
     assert "&lt;b&gt;not bold&lt;/b&gt;" in html
 
 
-def _headless(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    command = [
-        browser,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-        *args,
-    ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
-
-
 def test_html_renders_in_headless_chromium(report, tmp_path):
     browser = chromium()
     html = report_mod.write_report(typed(report), tmp_path / "out")["html"]
-    dom = _headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
+    dom = headless(browser, tmp_path / "profile", "--dump-dom", html.as_uri())
     assert dom.returncode == 0, dom.stderr
     for cell in report["cells"]:
         assert f'<section class="cell s-{cell["status"]}" id="cell-{cell["name"]}"' in dom.stdout
@@ -724,7 +706,7 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
     assert '<span class="warn">(cpu: no cuda visible)</span>' in dom.stdout
 
     png = tmp_path / "report.png"
-    shot = _headless(browser, tmp_path / "profile", f"--screenshot={png}", "--window-size=1400,2400", html.as_uri())
+    shot = headless(browser, tmp_path / "profile", f"--screenshot={png}", "--window-size=1400,2400", html.as_uri())
     assert shot.returncode == 0, shot.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert png.stat().st_size > 20_000

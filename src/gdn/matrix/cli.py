@@ -156,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_module_command(commands, "lock", "write each cell's lock file, or --check pins and locks")
     _add_module_command(commands, "accuracy", "measure every backend's error against fp64 references (accuracy.json)")
     _add_module_command(commands, "pull", "fetch the latest matrix report from GitHub Actions (needs gh)")
+    _add_module_command(
+        commands, "history", "keep reports in a history directory (add) and render it as a site (render)"
+    )
     return parser
 
 

@@ -304,7 +304,7 @@ def _test_changes(name: str, old: ReportCell, new: ReportCell) -> tuple[list[Tes
     return failing, passing
 
 
-def _version_changes(name: str, old: ReportCell, new: ReportCell) -> list[VersionChange]:
+def version_changes(name: str, old: ReportCell, new: ReportCell) -> list[VersionChange]:
     before, after = old.versions, new.versions
     if not any(before.values()) or not any(after.values()):
         # no manifest on one side (not run, build failed): its status says why, not every version
@@ -316,7 +316,7 @@ def _version_changes(name: str, old: ReportCell, new: ReportCell) -> list[Versio
     ]
 
 
-def _lock_change(name: str, old: ReportCell, new: ReportCell) -> LockChange | None:
+def lock_change(name: str, old: ReportCell, new: ReportCell) -> LockChange | None:
     before, after = old.lock, new.lock
     if before is None or after is None or before.digest == after.digest:
         # a report without locks (older, or a cell without one) has nothing to compare
@@ -407,10 +407,10 @@ def _compare_cell(diff: ReportDiff, name: str, old: ReportCell, new: ReportCell)
     diff.newly_passing += passing
     if old.status != new.status:
         diff.status_changes.append(StatusChange(name, old.status, new.status))
-    diff.version_changes += _version_changes(name, old, new)
-    lock_change = _lock_change(name, old, new)
-    if lock_change is not None:
-        diff.lock_changes.append(lock_change)
+    diff.version_changes += version_changes(name, old, new)
+    locked = lock_change(name, old, new)
+    if locked is not None:
+        diff.lock_changes.append(locked)
     diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
     diff.fastest_changes += _fastest_changes(name, old, new)
     diff.kernel_changes += _kernel_changes(name, old, new)

@@ -4,7 +4,6 @@ with each cell's benchmark bars, speed table and accuracy plot built here from e
 from __future__ import annotations
 
 import math
-from importlib import resources
 from typing import Any
 
 from gdn.matrix import accuracy_report, kernel_report, speed
@@ -75,10 +74,17 @@ def bench_svg(rows: list[dict[str, Any]] | None) -> str | None:
     return "".join(parts)
 
 
-def _html_environment():
+def html_environment():
+    """The pages' jinja2 environment: the package's templates, autoescaped, with the report's helpers."""
     import jinja2
 
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("gdn.matrix", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters["route_text"] = route_text
     env.filters["duration"] = duration_text
     env.globals.update(
@@ -111,8 +117,7 @@ def _html_environment():
 def render_html(report: Report) -> str:
     from markupsafe import Markup
 
-    source = resources.files("gdn.matrix").joinpath("templates", TEMPLATE).read_text(encoding="utf-8")
-    template = _html_environment().from_string(source)
+    template = html_environment().get_template(TEMPLATE)
     # built from escaped parts in bench_svg, speed.html and accuracy_report.svg, so marked safe here and nowhere else
     plots = {c.name: Markup(svg) for c in report.cells if (svg := bench_svg(c.bench))}
     speed_tables = {c.name: Markup(table) for c in report.cells if (table := speed.html(c))}

@@ -8,6 +8,7 @@
     kernels.json      KernelsFile      what each step of the run really ran (gdn.matrix.kernels)
     accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
+    entry.json        HistoryEntry     one report kept in a history (gdn.matrix.history)
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
 writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
@@ -40,6 +41,7 @@ BENCH_SCHEMA = 2
 KERNELS_SCHEMA = 1
 ACCURACY_SCHEMA = 1
 REPORT_SCHEMA = 1
+HISTORY_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
 # a report's status of a cell adds "interrupted": a run was interrupted and no complete run is recorded
@@ -448,6 +450,43 @@ class Report:
         return data
 
 
+# ---------------------------------------------------------------- a history's entry.json
+
+
+@dataclass
+class KeptFile:
+    """A file of a report kept in a history entry: its path in the entry (`report.json`,
+    `local/manifest.json`), its size and its sha256."""
+
+    path: str
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class HistoryEntry:
+    """entry.json: one report kept in a history directory (`gdn-matrix history add`). `key` is the
+    entry's directory, from the report's generated time and `digest`, the sha256 of what it keeps (each
+    file's path and sha256): the same report added twice is one entry. `left_out` names each cell file
+    that was not kept, with the reason (past the size cap, not a regular file)."""
+
+    key: str
+    generated_at: str
+    digest: str
+    added_at: str
+    files: list[KeptFile]
+    cells: list[str] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)
+    schema: int = HISTORY_SCHEMA
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.bytes for f in self.files)
+
+    def write(self, directory: Path) -> None:
+        write_json(directory / "entry.json", asdict(self))
+
+
 # ---------------------------------------------------------------- reading and publishing
 
 MODELS: dict[str, Any] = {
@@ -459,6 +498,7 @@ MODELS: dict[str, Any] = {
     "kernels": KernelsFile,
     "accuracy": AccuracyFile,
     "report": Report,
+    "history_entry": HistoryEntry,
 }
 
 
