@@ -26,12 +26,12 @@ from gdn import resolve
 from gdn.backends import registry
 from gdn.backends.base import Backend
 from gdn.matrix import bench, config, probe, versions
+from repo_paths import ROOT, TESTS
 from toy_backend import TOY_VERSION, ToyBackend, toy_l2norm
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
-TOY_SOURCE = (Path(__file__).parent / "toy_backend.py").read_text()
+TOY_SOURCE = (TESTS / "toy_backend.py").read_text()
 BUILT_IN = ("eager", "ascendc", "triton", "fla", "flashqla", "torch_npu")
 
 

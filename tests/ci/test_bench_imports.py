@@ -4,13 +4,14 @@ costs the device time of a call, so a module that moved under them is found here
 from __future__ import annotations
 
 import importlib
-from pathlib import Path
 
 import pytest
 
+from repo_paths import ROOT
+
 pytestmark = pytest.mark.tooling
 
-BENCH = Path(__file__).parents[1] / "bench"
+BENCH = ROOT / "bench"
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__")
 
 

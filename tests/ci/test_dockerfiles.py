@@ -16,10 +16,10 @@ import pytest
 from gdn.matrix import images
 from gdn.matrix.config import load_matrix
 from gdn.matrix.lock import TEST_REQUIREMENTS
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 DOCKER_CELLS = [cell for cell in MATRIX.cells if cell.runtime == "docker"]

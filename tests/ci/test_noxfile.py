@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from repo_paths import ROOT
+
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
 CUDA_CELL = {
     "name": "cuda-somewhere",
     "device": "cuda",

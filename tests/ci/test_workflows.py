@@ -22,10 +22,10 @@ from gdn.matrix import ci
 from gdn.matrix.ci import github_outputs, job_matrices
 from gdn.matrix.ci import main as ci_main
 from gdn.matrix.config import MatrixConfigError, load_matrix
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 MATRIX = load_matrix(ROOT / "matrix.yaml")
 

@@ -4,16 +4,14 @@ instead where GDN_REQUIRE_CHROMIUM=1 (CI, which installs Chromium) so that it ne
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
 import browser
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_no_browser_skips_with_the_install_hint(monkeypatch):

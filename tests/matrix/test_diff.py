@@ -16,6 +16,7 @@ from gdn.matrix.jsonio import write_json
 from gdn.matrix.report import write_report
 from gdn.matrix.report_build import build_report
 from gdn.matrix.schema import CellOutcome
+from repo_paths import ROOT
 from report_models import diff_typed
 
 pytestmark = pytest.mark.tooling
@@ -315,7 +316,7 @@ def test_same_lock_or_no_lock_is_no_change_and_other_hashes_are_named():
 def test_reports_written_before_fla_was_asked_per_dtype_still_diff(capsys):
     """A report pulled from an older run holds fla's choice for one bf16 call (no per-dtype calls): the
     diff against it reads that as what it is, instead of failing on the missing key."""
-    samples = Path(__file__).parents[1] / "docs" / "samples"
+    samples = ROOT / "docs" / "samples"
     before = samples / "h200-cuda-triton36-2026-12-01" / "report" / "report.json"
     after = samples / "h200-cuda-flashqla-2026-12-02" / "report" / "report.json"
     assert diff_mod.main([str(before), str(after), "--no-fail"]) == 0

@@ -29,11 +29,11 @@ from gdn.matrix import cell as cell_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome, Failure
+from repo_paths import ROOT as REPO
 from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
-REPO = Path(__file__).resolve().parents[1]
 RECORD = {"op": "l2norm", "device": "cpu", "backend": "eager", "route": "eager", "rejected": []}
 
 

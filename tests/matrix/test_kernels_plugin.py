@@ -8,15 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from gdn.matrix import kernels, outcomes
+from repo_paths import SRC
 
 pytestmark = pytest.mark.tooling
 
-SRC = Path(__file__).parents[1] / "src"
 TESTS = """
 import json
 import torch

@@ -29,12 +29,12 @@ import pytest
 from gdn.matrix import diff, report_build, report_html, report_markdown
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.schema import CellOutcome
+from repo_paths import SRC, TESTS
 from report_models import typed
 
 pytestmark = pytest.mark.tooling
 
-STANDINS = Path(__file__).parent / "peer_standins"
-SRC = Path(__file__).parents[1] / "src"
+STANDINS = TESTS / "peer_standins"
 SUITE = """
 import dataclasses, json
 import pytest, torch

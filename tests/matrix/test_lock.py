@@ -21,14 +21,14 @@ from gdn.matrix import cli, lock
 from gdn.matrix.cell import run_cell
 from gdn.matrix.config import load_matrix
 from gdn.matrix.lockfile import LockFileError, WheelhouseFile, body_digest, file_sha256, parse_body
+from repo_paths import ROOT, TESTS
 
 pytestmark = pytest.mark.tooling
 # Cell images collect tests/ too (then deselect by marker) and carry no uv.
 uv = pytest.importorskip("uv", reason="uv (the matrix extra) is not installed")
 
-ROOT = Path(__file__).resolve().parents[1]
 # matrix.yaml as it was before cells were locked: npu-2610 pinned versions that do not exist.
-BEFORE_LOCKS = Path(__file__).parent / "data" / "matrix-2026-12-01.yaml"
+BEFORE_LOCKS = TESTS / "data" / "matrix-2026-12-01.yaml"
 AARCH64_312 = "cp312-cp312-manylinux_2_28_aarch64"
 AARCH64_311 = "cp311-cp311-manylinux_2_28_aarch64"
 X86_312 = "cp312-cp312-manylinux_2_28_x86_64"

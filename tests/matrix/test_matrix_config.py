@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import yaml
 
 from gdn.matrix.config import MatrixConfigError, cell_files, load_matrix, parse_matrix
 from gdn.op_names import OP_NAMES
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = yaml.safe_load((ROOT / "matrix.yaml").read_text())
 
 

@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from gdn.matrix.config import MatrixConfigError, cell_files, load_matrix, parse_matrix
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
 
-ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = yaml.safe_load((ROOT / "matrix.yaml").read_text())
 DOCKERFILES = sorted((ROOT / "docker").glob("*.Dockerfile"))
 

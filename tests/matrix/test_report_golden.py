@@ -15,11 +15,12 @@ import pytest
 from gdn.matrix import diff
 from gdn.matrix.report import write_report
 from gdn.matrix.report_build import build_report
+from repo_paths import ROOT, TESTS
 
 pytestmark = pytest.mark.tooling
 
-SAMPLES = Path(__file__).parents[1] / "docs" / "samples"
-GOLDEN = Path(__file__).parent / "data" / "report_golden"
+SAMPLES = ROOT / "docs" / "samples"
+GOLDEN = TESTS / "data" / "report_golden"
 OLD, NEW = "h200-cuda-triton36-2026-12-01", "h200-cuda-flashqla-2026-12-02"
 GENERATED_AT = "2026-12-04T00:00:00+00:00"
 FILES = ("report.json", "report.md", "report.html")

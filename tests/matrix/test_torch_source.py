@@ -9,13 +9,13 @@ import sys
 import threading
 import time
 import zipfile
-from pathlib import Path
 
 import pytest
 from packaging.tags import sys_tags
 
 from gdn.matrix import torch_source
 from gdn.matrix.torch_source import TORCH, choose, cpu_metadata_config, cpu_wheel, index_answers
+from repo_paths import ROOT
 
 pytestmark = pytest.mark.tooling
 
@@ -130,7 +130,7 @@ def test_the_sessions_constraints_pin_the_project_with_torchs_cpu_closure():
     from packaging.requirements import Requirement
     from packaging.utils import canonicalize_name
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     pinned: dict[str, str] = {}
     for line in (root / "constraints" / "sessions.txt").read_text().splitlines():

@@ -1,7 +1,7 @@
 """torch.compile and the ops as PyTorch custom ops (gdn.library), on the eager backend: opcheck of every
 custom op; a training step (conv, l2norm, gating, chunk forward and backward) and a decode step (conv
 update, pool decode) compiled with fullgraph and no graph break, equal to the same steps run eagerly.
-tests/test_triton_compile.py does the same on the triton backend."""
+tests/backends/triton/test_triton_compile.py does the same on the triton backend."""
 
 from __future__ import annotations
 

@@ -26,11 +26,12 @@ from grpo.compare import TENSOR_FLOOR, Tolerance, differences
 from grpo.rollout import Rollout
 from grpo.run import Run, run
 from grpo.step import StepResult, on_host
+from repo_paths import TESTS
 
 pytest.importorskip("transformers", reason="the grpo family runs transformers' Qwen3.5 models")
 pytestmark = pytest.mark.grpo
 
-WORKER = Path(__file__).parent / "grpo" / "fsdp_worker.py"
+WORKER = TESTS / "grpo" / "fsdp_worker.py"
 SHARDED = Tolerance(forward=1e-5, gradient=1e-5, tensor=TENSOR_FLOOR)
 CPU_RANKS = 2
 # The GPU ranks compile the triton kernels (and probe them) on their first calls.

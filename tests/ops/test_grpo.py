@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -36,6 +35,7 @@ from grpo.backends import (
 from grpo.compare import Tolerance, differences
 from grpo.models import device
 from grpo.run import TRANSFORMERS, Run, packing_blocker, run
+from repo_paths import TESTS
 
 if not expected_modes():  # a run that expects a mode compared fails without transformers
     pytest.importorskip("transformers", reason="the grpo family runs transformers' Qwen3.5 models")
@@ -233,8 +233,8 @@ def test_the_transformers_baseline_is_its_torch_code_where_fla_imports():
     still be transformers' torch code. A stand-in fla whose kernels raise (tests/grpo/external_standins)
     is importable in a subprocess: the baseline runs, and the model built outside it reaches fla, so
     this transformers would otherwise have compared gdn with fla."""
-    standins = Path(__file__).parent / "grpo" / "external_standins"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(standins), str(Path(__file__).parent), *sys.path])}
+    standins = TESTS / "grpo" / "external_standins"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(standins), str(TESTS), *sys.path])}
     done = subprocess.run(
         [sys.executable, "-c", BASELINE_SCRIPT, "dense"], env=env, capture_output=True, text=True, timeout=300
     )

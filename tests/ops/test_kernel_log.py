@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,11 +25,11 @@ from gdn.backends.base import Backend
 from gdn.backends.eager import EAGER
 from gdn.kernel_log import KernelEntry, KernelLog
 from gdn.matrix.kernels import kernel_records, recording
+from repo_paths import SRC, TESTS
 
 pytestmark = pytest.mark.single_op
 
-STANDINS = Path(__file__).parent / "peer_standins"
-SRC = Path(__file__).parents[1] / "src"
+STANDINS = TESTS / "peer_standins"
 OP = "chunk_gated_delta_rule"
 
 

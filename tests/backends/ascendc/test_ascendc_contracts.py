@@ -178,7 +178,7 @@ def test_initial_state_gradient_matches_eager(route: str) -> None:
 @pytest.mark.parametrize("route", [LEGACY, STABLE])
 def test_final_state_gradient_is_refused_with_its_reason(route: str) -> None:
     """A loss on the final state needs dht, which bwd_dhu ignores: the route refuses the call with its
-    reason (gdn.resolve then serves it elsewhere, tests/test_ascendc_generations.py), and a direct
+    reason (gdn.resolve then serves it elsewhere, tests/backends/ascendc/test_ascendc_generations.py), and a direct
     call raises rather than return gradients that miss dht."""
     ops = legacy() if route == LEGACY else stable()
     kernels = ChunkKernels.bind(ops)

@@ -6,7 +6,7 @@ broken stable conv rejected by the numeric probe and the fallback used; GDN_STRI
 degraded ops.
 
 On a real NPU cell the same scenarios run against the stand-ins (they need no NPU); the real wheels
-are covered by the probe family there (tests/test_manifest.py).
+are covered by the probe family there (tests/matrix/test_manifest.py).
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.shape_grid
 CHUNK = "chunk_gated_delta_rule"
 GRADS = ("q", "k", "v", "g", "beta", "initial_state")
 # the kernels compute in bf16/fp16: rounding at their inputs and between the chained ops (see
-# tests/test_ascendc_adapters.py); a wrong layout or a dropped term costs O(1)
+# tests/backends/ascendc/test_ascendc_adapters.py); a wrong layout or a dropped term costs O(1)
 TOL = 2e-2
 DG_TOL = 4e-2  # dg is a reverse cumulative sum whose terms cancel (test_ascendc_adapters.DG_TOL)
 

@@ -2,7 +2,7 @@
 legacy extension or not, composite forward or not, a broken stable conv) and each GDN_NPU_FUSED_FWD
 setting gives the route this module names, with the reason every other route was not taken, and
 GDN_STRICT=1 refuses exactly the op whose decision degraded. The surfaces are built by hand over the
-stand-in kernels; tests/test_ascendc_generations.py loads the stand-in packages themselves."""
+stand-in kernels; tests/backends/ascendc/test_ascendc_generations.py loads the stand-in packages themselves."""
 
 from __future__ import annotations
 

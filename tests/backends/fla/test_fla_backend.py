@@ -38,7 +38,7 @@ STANDIN_VERSION = "0.6.0+standin"
 
 STANDIN = {
     "fla/__init__.py": f'''
-        """STAND-IN for flash-linear-attention, written by tests/test_fla_backend.py. Not fla."""
+        """STAND-IN for flash-linear-attention, written by tests/backends/fla/test_fla_backend.py. Not fla."""
         __version__ = "{STANDIN_VERSION}"
         ''',
     "fla/ops/__init__.py": "",

@@ -13,14 +13,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from repo_paths import SRC, TESTS
+
 pytestmark = pytest.mark.probe
 
-STANDINS = Path(__file__).parent / "peer_standins"
-SRC = Path(__file__).parents[1] / "src"
+STANDINS = TESTS / "peer_standins"
 PEERS = ("flash-qla", "tilelang", "z3-solver", "apache-tvm-ffi")
 COLLECT = "; ".join(
     [

@@ -5,14 +5,13 @@ raises), probed against eager in bf16 at K = V = 128.
 
 FlashQLA needs a Hopper or Blackwell GPU, so these tests put the labelled STAND-IN flash_qla of
 tests/peer_standins/flashqla_site on sys.path (it computes with gdn's eager op and records each call)
-and widen the adapter to the host, as tests/test_fla_backend.py does for fla.
+and widen the adapter to the host, as tests/backends/fla/test_fla_backend.py does for fla.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,10 +22,11 @@ import gdn.resolve as resolver
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE
 from gdn.gates import GATE_FLOOR
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.probe
 
-SITE = Path(__file__).parent / "peer_standins" / "flashqla_site"
+SITE = TESTS / "peer_standins" / "flashqla_site"
 OP = "chunk_gated_delta_rule"
 
 

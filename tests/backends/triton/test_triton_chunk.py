@@ -33,7 +33,7 @@ from gdn.backends.triton.chunk_index import plan_chunks, read_back, split_sequen
 from gdn.backends.triton.common import config, output, qk_grads, state, wy, wy_bwd  # noqa: E402
 from gdn.calls import PREPARE  # noqa: E402
 from reference import gdn_recurrence, rel_err  # noqa: E402
-from test_triton_decode import run_on_hopper_compiler  # noqa: E402
+from triton_harness import run_on_hopper_compiler  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}

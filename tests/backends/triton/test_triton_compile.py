@@ -1,7 +1,7 @@
 """The custom ops and torch.compile on the triton backend: opcheck of every custom op, a compiled
 training step and decode step without a graph break, equal to the same steps run eagerly. Without a
 CUDA device the kernels run under the Triton interpreter (set before they are imported), as in the
-other test_triton_* modules; tests/test_compile.py does the same on the eager backend."""
+other test_triton_* modules; tests/ops/test_compile.py does the same on the eager backend."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 from gdn.backends.eager import EAGER
 from gdn.backends.triton import conv
 from reference import rel_err
-from test_triton_decode import DEVICE, TOL, run, run_on_hopper_compiler
+from triton_harness import DEVICE, TOL, run, run_on_hopper_compiler
 
 FN = "causal_conv1d_fn"
 UPDATE = "causal_conv1d_update"

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from gdn.backends.eager import EAGER
 from gdn.backends.triton import gating
 from reference import rel_err
-from test_triton_decode import DEVICE, TOL, run, run_on_hopper_compiler
+from triton_harness import DEVICE, TOL, run, run_on_hopper_compiler
 
 OP = "fused_gdn_gating"
 
