@@ -140,7 +140,12 @@ def tests(session: nox.Session) -> None:
 # Besides the kernels' own tests: the grpo family, whose GRPO step trains through the chunk kernels
 # (triton against eager, padded and packed, at tiny sizes), the fla adapter's, and the stride and
 # signature tests, whose triton half runs only where triton imports.
-KERNEL_TESTS = ["tests/test_grpo.py", "tests/test_fla_backend.py", "tests/test_strides.py", "tests/test_signatures.py"]
+KERNEL_TESTS = [
+    "tests/ops/test_grpo.py",
+    "tests/backends/fla/test_fla_backend.py",
+    "tests/ops/test_strides.py",
+    "tests/ops/test_signatures.py",
+]
 
 
 @nox.session
@@ -156,7 +161,7 @@ def kernels(session: nox.Session, triton: str) -> None:
             f"{torch_source.BACKEND_ENV}=cpu where PyTorch's index is reachable, or put its CPU wheel in {WHEELHOUSE}",
         )
     install(session, "-e", ".[test]", f"triton=={triton}")
-    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_triton_*.py"))
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "backends" / "triton").glob("test_*.py"))
     files += KERNEL_TESTS
     # These sessions exist to test triton: its grpo comparison failing to run (an install or a probe
     # rejection making it skip or fall back to eager) fails rather than passing as skipped.

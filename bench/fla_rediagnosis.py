@@ -17,7 +17,7 @@ import), run side by side on the one GPU:
   Triton's default TF32 on Hopper (operands rounded to 10 mantissa bits): a failure that goes away here
   and stays in `tilelang-off` is TF32's.
 
-Each runs `tests/test_grpo.py::test_backend_matches_eager[fla]` (in the process, without xdist, with
+Each runs `tests/ops/test_grpo.py::test_backend_matches_eager[fla]` (in the process, without xdist, with
 gdn's kernel log on: what each call ran at every dispatch level) and then the accuracy table's chunk rows
 for fla and eager (fp32 first, then bf16, within a budget) against the fp64 reference. The default
 configuration also measures gdn's triton and flashqla backends.
@@ -49,7 +49,7 @@ CONFIGS = {
     "ieee": {"FLA_TILELANG": "0", "TRITON_F32_DEFAULT": "ieee"},
 }
 GUARD_LIFTED = ("tilelang-off", "ieee")
-TEST = "tests/test_grpo.py::test_backend_matches_eager[fla]"
+TEST = "tests/ops/test_grpo.py::test_backend_matches_eager[fla]"
 ACCURACY_BUDGET_S = 300.0
 # a row's call started just before the budget ends may take this long (a peer's first compile)
 ACCURACY_MARGIN_S = 60.0

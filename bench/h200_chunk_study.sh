@@ -25,7 +25,7 @@ unpack() { tar -xJf "$1" -C /tmp/site; }
 
 gpu_tests() {
     timeout 320 python3 -m pytest -q -n 4 -p no:cacheprovider \
-        tests/test_triton_chunk.py tests/test_cuda_graphs.py tests/test_pool_guard.py tests/test_complete_decay.py \
+        tests/backends/triton/test_triton_chunk.py tests/ops/test_cuda_graphs.py tests/ops/test_pool_guard.py tests/ops/test_complete_decay.py \
         --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1
     echo "pytest exit $?"
     grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu-tests.log" | tail -30

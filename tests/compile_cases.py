@@ -1,5 +1,6 @@
-"""Inputs for the custom-op and torch.compile tests (tests/test_compile.py, tests/test_triton_compile.py):
-one call per custom op in gdn.library, a training step and a decode step as a model makes them."""
+"""Inputs for the custom-op and torch.compile tests (tests/ops/test_compile.py,
+tests/backends/triton/test_triton_compile.py): one call per custom op in gdn.library, a training step and
+a decode step as a model makes them."""
 
 from __future__ import annotations
 

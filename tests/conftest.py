@@ -1,4 +1,5 @@
-"""Shared test setup: tests/ on sys.path for the references, a clean resolver per test, and fresh
+"""Shared test setup: tests/ on sys.path for what the test modules share (the references, the input
+factories, repo_paths, the stand-ins), whatever folder they sit in, a clean resolver per test, and fresh
 random inputs whose seed is printed so a failure can be replayed (GDN_TEST_SEED=<seed>)."""
 
 from __future__ import annotations

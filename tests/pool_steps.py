@@ -1,5 +1,5 @@
-"""Inputs of a small pool decode step, shared by the tests of prepared steps (tests/test_prepared.py,
-tests/test_dispatch_steps.py): one token per sequence, fresh random values each call."""
+"""Inputs of a small pool decode step, shared by the tests of prepared steps (tests/ops/test_prepared.py,
+tests/ops/test_dispatch_steps.py): one token per sequence, fresh random values each call."""
 
 from __future__ import annotations
 

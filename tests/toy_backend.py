@@ -1,5 +1,5 @@
 """A peer backend of one file, as a new peer would be written: its class and its REGISTRATION, and
-nothing else anywhere names it. tests/test_backend_registry.py drops a copy of this module into the
+nothing else anywhere names it. tests/backends/test_backend_registry.py drops a copy of this module into the
 gdn.backends package (a directory under tmp_path on the package's path) and finds it resolved, named by
 matrix.yaml's validation, versioned, probed and benchmarked."""
 

@@ -1,4 +1,4 @@
-"""One rank of the FSDP test, started by tests/test_fsdp_grpo.py under torchrun:
+"""One rank of the FSDP test, started by tests/ops/test_fsdp_grpo.py under torchrun:
 `fsdp_worker.py OUT gloo|nccl MODE`. Over gloo the ranks run on the host; over NCCL each rank runs on
 its own GPU (its LOCAL_RANK).
 

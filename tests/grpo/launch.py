@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import gdn
-
-TESTS = Path(__file__).parents[1]
+from repo_paths import TESTS
 
 
 def _free_port() -> int:

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from repo_paths import TESTS
 from standins import profiles
 
 SITE = Path(__file__).parent / "site"
-TESTS = Path(__file__).parent.parent
 CANN_VERSION = "9.1.0"
 DRIVER_VERSION = "25.2.0"
 # what the parent's environment must not leak into a child (each test sets what it means to)

@@ -64,12 +64,12 @@ def guarded(results_root: Path, cell: str, echo: Callable[[str], None], wait_s: 
     try:
         guard.acquire(timeout=0)
     except Timeout:
-        echo(f"cell {cell}: another run of this cell holds {guard.lock_file}; waiting for it to finish")
+        echo(f"cell {cell}: another run of this cell holds {path}; waiting for it to finish")
         try:
             guard.acquire(timeout=-1 if wait_s is None else wait_s)
         except Timeout:
             raise CellBusyError(
-                f"cell {cell}: another run of this cell still holds {guard.lock_file} after {wait_s:g} s"
+                f"cell {cell}: another run of this cell still holds {path} after {wait_s:g} s"
             ) from None
     try:
         yield

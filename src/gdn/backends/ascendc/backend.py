@@ -34,7 +34,7 @@ REGISTRATION = Registration(
 
 # The generic numeric probe feeds fp32 inputs, which these kernels take in bf16: its errors are those
 # of bf16 rounding at the kernels' inputs and between the chained ops (measured with the stand-ins:
-# ~3e-3 outputs, up to ~6e-3 gradients, see tests/test_ascendc_adapters.py); a wrong term costs O(1).
+# ~3e-3 outputs, up to ~6e-3 gradients, see tests/backends/ascendc/test_ascendc_adapters.py); a wrong term costs O(1).
 PROBE_TOLERANCE = {
     "chunk_gated_delta_rule": 2e-2,
     "fused_recurrent_gated_delta_rule": 2e-2,
