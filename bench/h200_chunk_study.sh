@@ -9,7 +9,6 @@
 #           compiled
 #   timing  carry .whl/flashinfer-mlir.tar.xz .trees: the public calls on three source trees (before
 #           the op specs, after them, this checkout), the split sweep, the accuracy rows of the chunk op
-#           with the fused walk off and on
 #   peers   carry .whl/flashinfer.tar.xz: bench.chunk --profile, every peer, one run
 #   verify  carry nothing: the GPU tests alone (after a change the study decided)
 #
@@ -65,15 +64,8 @@ timing)
     timeout 240 python3 -m bench.public_calls --rounds 3 \
         --tree before-specs=.trees/before45 --tree after-specs=.trees/after45 --tree this=. 2>&1 | tail -15
     timeout 180 python3 -m bench.chunk --split --profile 2>&1 | tail -45
-    for fused in 0 1; do
-        timeout 90 python3 -c "
-import sys
-from gdn.backends.triton.common import config
-from gdn.matrix import accuracy
-config.OVERRIDES.update(fused_backward=$fused)
-sys.exit(accuracy.main(['--backends', 'triton', '--ops', 'chunk_gated_delta_rule', '--budget-s', '60', '--output', '$OUT/accuracy-fused$fused.json']))
-" 2>&1 | tail -30
-    done
+    timeout 90 python3 -m gdn.matrix.accuracy --backends triton --ops chunk_gated_delta_rule --budget-s 60 \
+        --output "$OUT/accuracy.json" 2>&1 | tail -30
     wait $unpacking
     echo "unpacked flashinfer-mlir: $?"
     ;;
@@ -83,7 +75,7 @@ verify)
     ;;
 peers)
     unpack .whl/flashinfer.tar.xz || exit
-    timeout 540 python3 -m bench.chunk --profile --impls triton triton-fused flashqla flashinfer 2>&1 | tail -80
+    timeout 540 python3 -m bench.chunk --profile --impls triton flashqla flashinfer 2>&1 | tail -80
     ;;
 *)
     echo "unknown stage $stage" >&2
