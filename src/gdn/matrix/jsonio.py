@@ -6,11 +6,12 @@ Standard library only: the cell entry writes through this inside the cell's imag
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import secrets
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,15 +29,20 @@ class UnreadableFileError(ValueError):
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and rename it over the target."""
+    """Write through a temporary file in the same directory and rename it over the target. A new file
+    gets the mode the umask gives any file written here (the temporary file is opened with 0o666, not
+    mkstemp's owner-only 0o600); a rewritten one keeps its mode."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    tmp = path.parent / f".{path.name}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
     try:
         with os.fdopen(fd, "w") as handle:
+            with contextlib.suppress(FileNotFoundError):
+                os.fchmod(handle.fileno(), stat.S_IMODE(path.stat().st_mode))
             handle.write(text)
-        Path(tmp).replace(path)
+        tmp.replace(path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
