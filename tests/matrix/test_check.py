@@ -6,6 +6,7 @@ not covered with the nearest cell, and an upgrade (--to) that is safe or that re
 from __future__ import annotations
 
 import copy
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -268,3 +269,28 @@ def test_a_report_that_does_not_validate_exits_2(tmp_path, capsys):
     (tmp_path / "report.json").write_text(json.dumps({"schema": 1, "generated_at": "x", "ops": [], "cells": 3}))
     assert cli.main(["check", "--report", str(tmp_path)]) == check.EXIT_BAD_INPUT
     assert "cells" in capsys.readouterr().err
+
+
+def test_a_cell_that_recorded_no_versions_covers_no_stack(environment, tmp_path):
+    """A cell that never got to its probe (here the H200 cell with its versions gone, as a not-run cell
+    has them) is no evidence for any stack, so it neither covers one nor is the nearest."""
+    data = json.loads((TRITON36 / "report.json").read_text())
+    cell = diff.load_report(TRITON36 / "report.json").cells[0]
+    data["cells"][0].update(status="not_run", versions={key: None for key in data["cells"][0]["versions"]})
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    answer = check.check(stack_manifest(environment, cell), [check.read_report(str(tmp_path))])
+    assert answer.here.covered is None and answer.here.nearest is None
+    assert answer.exit_code == check.EXIT_NOT_COVERED
+
+
+def test_a_report_given_as_an_https_url_is_read_within_the_report_cap(environment, monkeypatch):
+    requested = []
+
+    def urlopen(url, timeout):
+        requested.append((url, timeout))
+        return io.BytesIO((TRITON36 / "report.json").read_bytes())
+
+    monkeypatch.setattr(check.urllib.request, "urlopen", urlopen)
+    source = check.read_report("https://example.org/matrix/report.json")
+    assert requested == [("https://example.org/matrix/report.json", 60)]
+    assert source.name == "https://example.org/matrix/report.json" and source.report.cells[0].name == "cuda-triton36"

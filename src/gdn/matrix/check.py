@@ -280,7 +280,9 @@ def _find(
     differences, the newest report first)."""
     nearest: Nearest | None = None
     for source in sources:
-        for cell in source.report.cells:
+        # a cell that recorded no versions never got to its probe (not run, build failed): it says
+        # nothing of any stack
+        for cell in (c for c in source.report.cells if any(c.versions.values())):
             found = differences(stack, device, cell)
             if not found:
                 return (source, cell), None
