@@ -99,7 +99,7 @@ def test_the_history_job_alone_writes_and_only_the_repositorys_contents():
             assert "write" not in job["permissions"].values(), name
 
 
-def test_the_token_reaches_only_the_publishing_step_and_no_checkout_keeps_it():
+def test_only_the_publishing_step_is_given_the_token_and_no_checkout_keeps_it():
     steps = jobs()["history"]["steps"]
     holding = [s for s in steps if "github.token" in str(s.get("env", {})) or "secrets." in str(s)]
     assert [s["name"] for s in holding] == ["Add the report to the history branch and render its site"]
