@@ -83,7 +83,7 @@ def test_a_stack_the_history_ran_is_covered_by_its_cell_with_the_report_it_comes
     cell = _cpu_cell("3.6.0")
     sources, last_good = _history_sources(history)
     answer = check.check(stack_manifest(environment, cell, resolution=True), sources, last_good=last_good)
-    covered = answer.here.covered
+    (covered,) = answer.here.covered
     assert covered is not None and covered.cell == "local" and covered.versions["triton"] == "3.6.0"
     kept = next(s for s in sources if s.report.cells[0].versions["triton"] == "3.6.0")
     assert (covered.report, covered.generated_at) == (kept.name, kept.report.generated_at)
@@ -94,7 +94,7 @@ def test_a_stack_the_history_ran_is_covered_by_its_cell_with_the_report_it_comes
     # the history's last known good of the cell: the newest report (by generated time) where it passed
     newest = max(sources, key=lambda s: s.report.generated_at)
     assert covered.last_good is not None and covered.last_good.entry == newest.name
-    assert (answer.verdict, answer.exit_code) == ("covered: the cell of this stack passed", check.EXIT_SAFE)
+    assert (answer.verdict, answer.exit_code) == ("covered: this stack's cell passed", check.EXIT_SAFE)
 
 
 def test_a_resolution_that_differs_from_the_cells_is_named_per_op(environment, history):
@@ -103,7 +103,7 @@ def test_a_resolution_that_differs_from_the_cells_is_named_per_op(environment, h
     moved = next(r for r in manifest["resolution"] if r["op"] == "l2norm" and r["device"] == "cpu")
     moved.update(backend="eager", route="eager")
     answer = check.check(manifest, _history_sources(history)[0])
-    rows = {r.op: r for r in answer.here.covered.resolution}
+    rows = {r.op: r for r in answer.here.covered[0].resolution}
     assert not rows["l2norm"].same and rows["l2norm"].compared == "eager"
     assert rows["l2norm"].cell == "triton:bundled(interpreter)"
     assert all(r.same for op, r in rows.items() if op != "l2norm")
@@ -116,8 +116,9 @@ def test_this_machines_own_manifest_is_matched_on_every_version_the_report_recor
     sources, _ = _history_sources(history)
     answer = check.check(environment, sources)
     stack = versions(environment)
-    if answer.here.covered is not None:
-        assert all(check.same_version(k, stack[k], v) for k, v in answer.here.covered.versions.items())
+    if answer.here.covered:
+        for covered in answer.here.covered:
+            assert all(check.same_version(k, stack[k], v) for k, v in covered.versions.items())
         return
     assert answer.exit_code == check.EXIT_NOT_COVERED
     near = answer.here.nearest
@@ -131,7 +132,7 @@ def test_a_stack_no_cell_covers_gets_the_nearest_cell_and_what_differs(environme
     cpu = _cpu_cell("3.9.0")
     sources = [check.read_report(str(TRITON36)), check.read_report(str(FLASHQLA))]
     answer = check.check(stack_manifest(environment, cpu), sources)
-    assert answer.here.covered is None and answer.exit_code == check.EXIT_NOT_COVERED
+    assert answer.here.covered == [] and answer.exit_code == check.EXIT_NOT_COVERED
     near = answer.here.nearest
     assert (near.cell, near.report) == ("cuda-triton36", str(TRITON36))
     differing = {d.key: (d.stack, d.cell) for d in near.differences}
@@ -152,9 +153,9 @@ def test_an_upgrade_whose_cell_fails_exits_1_with_the_regressions_and_both_cells
     manifest = stack_manifest(environment, here_cell, resolution=True)
     targets = check.parse_targets(["flash-qla==0.1.3", "tilelang==0.1.15"])
     answer = check.check(manifest, [latest, *sources], targets=targets, last_good=last_good)
-    assert answer.here.covered.cell == "cuda-triton36" and answer.here.covered.report == sources[0].name
-    assert answer.here.covered.last_good.entry == sources[0].name
-    target = answer.target.covered
+    (here,) = answer.here.covered
+    assert here.cell == "cuda-triton36" and here.report == sources[0].name and here.last_good.entry == sources[0].name
+    (target,) = answer.target.covered
     assert (target.cell, target.report, target.status) == ("cuda-flashqla", str(FLASHQLA / "report.json"), "failed")
     assert target.last_good is None  # never kept in the history
     assert len(target.failures) == 2 and target.speed
@@ -168,9 +169,10 @@ def test_an_upgrade_the_history_ran_and_passed_is_safe(environment, history):
     sources, last_good = _history_sources(history)
     manifest = stack_manifest(environment, _cpu_cell("3.9.0"), resolution=True)
     answer = check.check(manifest, sources, targets={"triton": "3.6.0"}, last_good=last_good)
-    assert answer.here.covered.versions["triton"] == "3.9.0"
-    assert answer.target.covered.versions["triton"] == "3.6.0" and answer.target.covered.status == "passed"
-    assert all(r.same for r in answer.target.covered.resolution)  # against the 3.9.0 cell's resolution
+    (here,), (target,) = answer.here.covered, answer.target.covered
+    assert here.versions["triton"] == "3.9.0"
+    assert target.versions["triton"] == "3.6.0" and target.status == "passed"
+    assert all(r.same for r in target.resolution)  # against the 3.9.0 cell's resolution
     assert answer.regressions == [] and answer.exit_code == check.EXIT_SAFE
 
 
@@ -178,7 +180,7 @@ def test_an_upgrade_no_cell_ran_exits_3_with_the_nearest(environment, history):
     sources, _ = _history_sources(history)
     manifest = stack_manifest(environment, _cpu_cell("3.9.0"))
     answer = check.check(manifest, sources, targets={"triton": "3.7.1"})
-    assert answer.here.covered is not None and answer.target.covered is None
+    assert answer.here.covered and answer.target.covered == []
     # every kept cell differs from it in its Triton alone: the newest report's is the nearest
     newest = max(sources, key=lambda s: s.report.generated_at)
     assert answer.target.nearest.report == newest.name
@@ -242,8 +244,8 @@ def test_the_command_prints_json_and_exits_with_the_answers_status(environment, 
     monkeypatch.setattr(check, "collect_environment", lambda: manifest)
     assert cli.main(["check", "--history", str(history), "--to", "triton==3.2.0", "--json"]) == check.EXIT_SAFE
     printed = json.loads(capsys.readouterr().out)
-    assert printed["target"]["covered"]["versions"]["triton"] == "3.2.0"
-    assert printed["here"]["covered"]["report"] and printed["exit_code"] == 0
+    assert printed["target"]["covered"][0]["versions"]["triton"] == "3.2.0"
+    assert printed["here"]["covered"][0]["report"] and printed["exit_code"] == 0
     assert cli.main(["check", "--report", str(TRITON36), "--to", "triton==3.2.0"]) == check.EXIT_NOT_COVERED
     assert "verdict: no cell covers the target stack" in capsys.readouterr().out
 
@@ -279,7 +281,7 @@ def test_a_cell_that_recorded_no_versions_covers_no_stack(environment, tmp_path)
     data["cells"][0].update(status="not_run", versions={key: None for key in data["cells"][0]["versions"]})
     (tmp_path / "report.json").write_text(json.dumps(data))
     answer = check.check(stack_manifest(environment, cell), [check.read_report(str(tmp_path))])
-    assert answer.here.covered is None and answer.here.nearest is None
+    assert answer.here.covered == [] and answer.here.nearest is None
     assert answer.exit_code == check.EXIT_NOT_COVERED
 
 
@@ -294,3 +296,15 @@ def test_a_report_given_as_an_https_url_is_read_within_the_report_cap(environmen
     source = check.read_report("https://example.org/matrix/report.json")
     assert requested == [("https://example.org/matrix/report.json", 60)]
     assert source.name == "https://example.org/matrix/report.json" and source.report.cells[0].name == "cuda-triton36"
+
+
+def test_every_cell_of_the_report_that_covers_the_stack_is_answered(environment, tmp_path):
+    """Two cells of one stack (another runtime, say): both are answered, and one that failed fails it."""
+    data = json.loads((HISTORY_DATA / "triton-3.9.0" / "report" / "report.json").read_text())
+    twin = copy.deepcopy(data["cells"][0])
+    twin.update(name="cpu-twin", status="failed", reason="1 test failed")
+    data["cells"].append(twin)
+    (tmp_path / "report.json").write_text(json.dumps(data))
+    answer = check.check(stack_manifest(environment, _cpu_cell("3.9.0")), [check.read_report(str(tmp_path))])
+    assert [(c.cell, c.status) for c in answer.here.covered] == [("local", "passed"), ("cpu-twin", "failed")]
+    assert (answer.verdict, answer.exit_code) == ("this stack's cell did not pass: cpu-twin failed", 1)

@@ -129,12 +129,12 @@ class Nearest:
 
 @dataclass
 class StackAnswer:
-    """One stack (this environment's, or the one `--to` makes) and the cell that covers it, or the
-    nearest one when none does; `pinned_by` names matrix.yaml's cells that pin it (--matrix)."""
+    """One stack (this environment's, or the one `--to` makes) and the cells of one report that cover
+    it, or the nearest cell when none does; `pinned_by` names matrix.yaml's cells that pin it (--matrix)."""
 
     stack: dict[str, str | None]
     device: str
-    covered: CellAnswer | None = None
+    covered: list[CellAnswer] = field(default_factory=list)
     nearest: Nearest | None = None
     pinned_by: list[str] = field(default_factory=list)
 
@@ -275,20 +275,23 @@ def differences(stack: dict[str, str | None], device: str, cell: ReportCell) -> 
 
 def _find(
     stack: dict[str, str | None], device: str, sources: list[Source]
-) -> tuple[tuple[Source, ReportCell] | None, Nearest | None]:
-    """The first source's first cell that covers the stack, else the nearest cell of all (fewest
-    differences, the newest report first)."""
+) -> tuple[list[tuple[Source, ReportCell]], Nearest | None]:
+    """The cells that cover the stack in the first source that has any, else the nearest cell of all
+    (fewest differences, the newest report first)."""
     nearest: Nearest | None = None
     for source in sources:
+        covering = []
         # a cell that recorded no versions never got to its probe (not run, build failed): it says
         # nothing of any stack
         for cell in (c for c in source.report.cells if any(c.versions.values())):
             found = differences(stack, device, cell)
             if not found:
-                return (source, cell), None
-            if nearest is None or len(found) < len(nearest.differences):
+                covering.append((source, cell))
+            elif nearest is None or len(found) < len(nearest.differences):
                 nearest = Nearest(cell.name, source.name, source.generated_at, found)
-    return None, nearest
+        if covering:
+            return covering, None
+    return [], nearest
 
 
 def pinned_by(stack: dict[str, str | None], device: str, matrix: Path | None) -> list[str]:
@@ -405,43 +408,49 @@ def check(
     baseline = (environment, environment.report.cells[0])
     here = StackAnswer(stack, device, pinned_by=pinned_by(stack, device, matrix))
     found, here.nearest = _find(stack, device, sources)
-    if found is not None:
-        here.covered = _cell_answer(found, _compare(baseline, found), last_good)
+    here.covered = [_cell_answer(cell, _compare(baseline, cell), last_good) for cell in found]
     answer = CheckAnswer(here)
     if targets is None:
         _verdict_here(answer)
         return answer
     target_stack = {**stack, **targets}
     answer.target = StackAnswer(target_stack, device, pinned_by=pinned_by(target_stack, device, matrix))
-    target, answer.target.nearest = _find(target_stack, device, sources)
-    if target is not None:
-        compared = _compare(found or baseline, target)
-        answer.target.covered = _cell_answer(target, compared, last_good)
-        if found is not None:
-            answer.regressions = compared.regressions
+    targeted, answer.target.nearest = _find(target_stack, device, sources)
+    for target in targeted:
+        # against this stack's cell of the same name where there is one (the same runtime and
+        # families), else its first
+        ours = next((cell for cell in found if cell[1].name == target[1].name), found[0] if found else None)
+        compared = _compare(ours or baseline, target)
+        answer.target.covered.append(_cell_answer(target, compared, last_good))
+        if ours is not None:
+            answer.regressions += compared.regressions
     _verdict_target(answer)
     return answer
 
 
+def _not_passed(cells: list[CellAnswer]) -> str:
+    return ", ".join(f"{cell.cell} {cell.status}" for cell in cells if cell.status != "passed")
+
+
 def _verdict_here(answer: CheckAnswer) -> None:
     covered = answer.here.covered
-    if covered is None:
+    if not covered:
         answer.verdict, answer.exit_code = "no cell covers this stack", EXIT_NOT_COVERED
-    elif covered.status != "passed":
-        answer.verdict, answer.exit_code = f"the cell of this stack {covered.status}", EXIT_REGRESSES
+    elif _not_passed(covered):
+        answer.verdict, answer.exit_code = f"this stack's cell did not pass: {_not_passed(covered)}", EXIT_REGRESSES
     else:
-        answer.verdict, answer.exit_code = "covered: the cell of this stack passed", EXIT_SAFE
+        answer.verdict, answer.exit_code = "covered: this stack's cell passed", EXIT_SAFE
 
 
 def _verdict_target(answer: CheckAnswer) -> None:
-    covered = answer.target.covered if answer.target else None
-    if covered is None:
+    covered = answer.target.covered if answer.target else []
+    if not covered:
         answer.verdict, answer.exit_code = "no cell covers the target stack", EXIT_NOT_COVERED
-    elif covered.status != "passed":
-        answer.verdict, answer.exit_code = f"the target's cell {covered.status}", EXIT_REGRESSES
+    elif _not_passed(covered):
+        answer.verdict, answer.exit_code = f"the target's cell did not pass: {_not_passed(covered)}", EXIT_REGRESSES
     elif answer.regressions:
         answer.verdict, answer.exit_code = "the target's cell regresses against this stack's", EXIT_REGRESSES
-    elif answer.here.covered is None:
+    elif not answer.here.covered:
         answer.verdict = "the target's cell passed; no cell covers this stack to compare it with"
         answer.exit_code = EXIT_SAFE
     else:
@@ -465,7 +474,7 @@ def _cell_lines(answer: CellAnswer, compared: str) -> list[str]:
         state = "same" if row.same else f"changed ({compared}: {row.compared})"
         lines.append(f"    {row.op} on {row.device}: {row.cell}: {state}")
     lines += [f"    peer kernel {line}" for line in answer.peer_kernels]
-    lines += [f"    speed {line} ms" for line in answer.speed]
+    lines += [f"    speed {line}" for line in answer.speed]
     lines += [f"    accuracy {line}" for line in answer.accuracy]
     good = answer.last_good
     lines.append(
@@ -478,9 +487,9 @@ def _cell_lines(answer: CellAnswer, compared: str) -> list[str]:
 
 def _stack_lines(title: str, stack: StackAnswer, compared: str) -> list[str]:
     lines = [f"{title}: {_stack_text(stack.stack, stack.device)}"]
-    if stack.covered is not None:
-        lines += _cell_lines(stack.covered, compared)
-    else:
+    for cell in stack.covered:
+        lines += _cell_lines(cell, compared)
+    if not stack.covered:
         lines.append("  no cell covers this stack")
         if stack.nearest is not None:
             near = stack.nearest
@@ -497,7 +506,7 @@ def _stack_lines(title: str, stack: StackAnswer, compared: str) -> list[str]:
 def render_text(answer: CheckAnswer) -> str:
     lines = _stack_lines("this stack", answer.here, THIS_ENVIRONMENT)
     if answer.target is not None:
-        compared = f"cell {answer.here.covered.cell}" if answer.here.covered else THIS_ENVIRONMENT
+        compared = "this stack's cell" if answer.here.covered else THIS_ENVIRONMENT
         lines += ["", *_stack_lines("target", answer.target, compared)]
         lines += [f"  regression: {line}" for line in answer.regressions]
     return "\n".join([*lines, "", f"verdict: {answer.verdict}"])
