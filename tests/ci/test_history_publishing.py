@@ -5,6 +5,7 @@ keeps each report on the `history` branch as one commit holding the entries and 
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -168,3 +169,20 @@ def test_a_publish_that_finds_the_branch_moved_fails_and_loses_nothing(tmp_path)
     done = publish(tmp_path / "workspace", remote, "3.6.0", script)
     assert done.returncode != 0 and "stale info" in done.stderr, done.stderr
     assert git("rev-parse", "history", cwd=remote) == before
+
+
+def test_git_reads_the_token_as_githubs_basic_authorization_header(tmp_path):
+    """The lines of the script that hand git the token, run: git's configuration then holds the header
+    actions/checkout would have written (x-access-token and the token, in base64)."""
+    script = publish_script()
+    setup = script[: script.index("export GIT_CONFIG_VALUE_0") + len("export GIT_CONFIG_VALUE_0")]
+    env = {**os.environ, "GH_TOKEN": "ghs_example"}
+    done = subprocess.run(
+        ["bash", "-c", setup + "\ngit config --get http.extraheader"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    expected = "AUTHORIZATION: basic " + base64.b64encode(b"x-access-token:ghs_example").decode()
+    assert done.returncode == 0 and done.stdout.strip() == expected, done.stderr
