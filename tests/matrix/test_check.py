@@ -308,3 +308,10 @@ def test_every_cell_of_the_report_that_covers_the_stack_is_answered(environment,
     answer = check.check(stack_manifest(environment, _cpu_cell("3.9.0")), [check.read_report(str(tmp_path))])
     assert [(c.cell, c.status) for c in answer.here.covered] == [("local", "passed"), ("cpu-twin", "failed")]
     assert (answer.verdict, answer.exit_code) == ("this stack's cell did not pass: cpu-twin failed", 1)
+
+
+def test_an_environment_whose_resolution_failed_is_never_said_to_resolve_the_same(environment, history):
+    manifest = stack_manifest(environment, _cpu_cell("3.9.0"))
+    manifest["resolution"] = {"error": "RuntimeError: no backend could be listed"}
+    (covered,) = check.check(manifest, _history_sources(history)[0]).here.covered
+    assert [(r.compared, r.same) for r in covered.resolution] == [("—", False)] * len(covered.resolution)

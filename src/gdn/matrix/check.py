@@ -257,15 +257,22 @@ def _compare(baseline: tuple[Source, ReportCell], answer: tuple[Source, ReportCe
     return diff.diff_reports(old.report, new.report, pairs=[(old_cell.name, new_cell.name)])
 
 
-def _resolution(cell: ReportCell, ops: list[str], compared: diff.ReportDiff) -> list[OpResolution]:
-    """Per op on the cell's device: what served it, and whether the baseline resolved it the same."""
+def _resolution(
+    cell: ReportCell, ops: list[str], baseline: ReportCell, compared: diff.ReportDiff
+) -> list[OpResolution]:
+    """Per op on the cell's device: what served it, and whether the baseline resolved it the same (a
+    baseline that resolved nothing there, e.g. a probe whose resolution failed, resolved it otherwise)."""
     device = cell_primary_device(cell)
     changed = {(c.op, c.device): c for c in compared.backend_changes}
     rows = []
     for op in ops:
         served = route_text(cell.resolution.get(op, {}).get(device))
         change = changed.get((op, device))
-        rows.append(OpResolution(op, device, served, change.old_text if change else served, change is None))
+        theirs = baseline.resolution.get(op, {}).get(device)
+        if change is not None:
+            rows.append(OpResolution(op, device, served, change.old_text, False))
+        else:
+            rows.append(OpResolution(op, device, served, route_text(theirs), theirs is not None))
     return rows
 
 
@@ -274,10 +281,12 @@ def _speed_line(row: BenchRow) -> str:
 
 
 def _cell_answer(
-    found: tuple[Source, ReportCell], compared: diff.ReportDiff, last_good: dict[str, LastGood]
-) -> CellAnswer:
+    found: tuple[Source, ReportCell], baseline: tuple[Source, ReportCell], last_good: dict[str, LastGood]
+) -> tuple[CellAnswer, diff.ReportDiff]:
+    """The answer of the cell, its resolution compared with the baseline's cell, and the comparison."""
     source, cell = found
-    return CellAnswer(
+    compared = _compare(baseline, found)
+    answer = CellAnswer(
         cell=cell.name,
         report=source.name,
         generated_at=source.generated_at,
@@ -287,12 +296,13 @@ def _cell_answer(
         versions={k: v for k, v in cell.versions.items() if v is not None},
         families=cell.families,
         failures=cell.failures,
-        resolution=_resolution(cell, source.report.ops, compared),
+        resolution=_resolution(cell, source.report.ops, baseline[1], compared),
         peer_kernels=sorted({f"{step}: {kernel_line(k)}" for step, k in peer_dispatch(cell)}),
         speed=[_speed_line(row) for row in speed.cell_rows(cell) if row.ms is not None],
         accuracy=_accuracy_lines(cell.accuracy.rows if cell.accuracy else []),
         last_good=last_good.get(cell.name),
     )
+    return answer, compared
 
 
 def _accuracy_lines(rows: list[AccuracyRow]) -> list[str]:
@@ -332,7 +342,7 @@ def check(
     baseline = (environment, environment.report.cells[0])
     here = StackAnswer(stack, device, pinned_by=pinned_by(stack, device, matrix))
     found, here.nearest = _find(stack, device, sources)
-    here.covered = [_cell_answer(cell, _compare(baseline, cell), last_good) for cell in found]
+    here.covered = [_cell_answer(cell, baseline, last_good)[0] for cell in found]
     answer = CheckAnswer(here)
     if targets is None:
         _verdict_here(answer)
@@ -344,8 +354,8 @@ def check(
         # against this stack's cell of the same name where there is one (the same runtime and
         # families), else its first
         ours = next((cell for cell in found if cell[1].name == target[1].name), found[0] if found else None)
-        compared = _compare(ours or baseline, target)
-        answer.target.covered.append(_cell_answer(target, compared, last_good))
+        cell_answer, compared = _cell_answer(target, ours or baseline, last_good)
+        answer.target.covered.append(cell_answer)
         if ours is not None:
             answer.regressions += compared.regressions
     _verdict_target(answer)
