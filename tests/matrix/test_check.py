@@ -75,13 +75,9 @@ def _cpu_cell(version: str) -> ReportCell:
     return diff.load_report(HISTORY_DATA / f"triton-{version}" / "report" / "report.json").cells[0]
 
 
-def _history_sources(history: Path) -> tuple[list[check.Source], dict[str, check.LastGood]]:
-    return check.history_sources(history)
-
-
 def test_a_stack_the_history_ran_is_covered_by_its_cell_with_the_report_it_comes_from(environment, history):
     cell = _cpu_cell("3.6.0")
-    sources, last_good = _history_sources(history)
+    sources, last_good = check.history_sources(history)
     answer = check.check(stack_manifest(environment, cell, resolution=True), sources, last_good=last_good)
     (covered,) = answer.here.covered
     assert covered is not None and covered.cell == "local" and covered.versions["triton"] == "3.6.0"
@@ -102,7 +98,7 @@ def test_a_resolution_that_differs_from_the_cells_is_named_per_op(environment, h
     manifest = stack_manifest(environment, cell, resolution=True)
     moved = next(r for r in manifest["resolution"] if r["op"] == "l2norm" and r["device"] == "cpu")
     moved.update(backend="eager", route="eager")
-    answer = check.check(manifest, _history_sources(history)[0])
+    answer = check.check(manifest, check.history_sources(history)[0])
     rows = {r.op: r for r in answer.here.covered[0].resolution}
     assert not rows["l2norm"].same and rows["l2norm"].compared == "eager"
     assert rows["l2norm"].cell == "triton:bundled(interpreter)"
@@ -113,7 +109,7 @@ def test_a_resolution_that_differs_from_the_cells_is_named_per_op(environment, h
 def test_this_machines_own_manifest_is_matched_on_every_version_the_report_records(environment, history):
     """Whatever this machine has: covered means no recorded version differs; otherwise the nearest
     cell's differences are exactly the versions where this stack and that cell part."""
-    sources, _ = _history_sources(history)
+    sources, _ = check.history_sources(history)
     answer = check.check(environment, sources)
     stack = versions(environment)
     if answer.here.covered:
@@ -147,7 +143,7 @@ def test_an_upgrade_whose_cell_fails_exits_1_with_the_regressions_and_both_cells
     """On the cuda-triton36 stack (kept in the history), --to flash-qla==0.1.3 --to tilelang==0.1.15 is
     the cuda-flashqla cell of the latest report, which failed two GRPO tests."""
     add_report(TRITON36, tmp_path / "history", results_root=tmp_path)
-    sources, last_good = _history_sources(tmp_path / "history")
+    sources, last_good = check.history_sources(tmp_path / "history")
     latest = check.read_report(str(FLASHQLA / "report.json"))
     here_cell = sources[0].report.cells[0]
     manifest = stack_manifest(environment, here_cell, resolution=True)
@@ -166,7 +162,7 @@ def test_an_upgrade_whose_cell_fails_exits_1_with_the_regressions_and_both_cells
 
 
 def test_an_upgrade_the_history_ran_and_passed_is_safe(environment, history):
-    sources, last_good = _history_sources(history)
+    sources, last_good = check.history_sources(history)
     manifest = stack_manifest(environment, _cpu_cell("3.9.0"), resolution=True)
     answer = check.check(manifest, sources, targets={"triton": "3.6.0"}, last_good=last_good)
     (here,), (target,) = answer.here.covered, answer.target.covered
@@ -177,7 +173,7 @@ def test_an_upgrade_the_history_ran_and_passed_is_safe(environment, history):
 
 
 def test_an_upgrade_no_cell_ran_exits_3_with_the_nearest(environment, history):
-    sources, _ = _history_sources(history)
+    sources, _ = check.history_sources(history)
     manifest = stack_manifest(environment, _cpu_cell("3.9.0"))
     answer = check.check(manifest, sources, targets={"triton": "3.7.1"})
     assert answer.here.covered and answer.target.covered == []
@@ -313,5 +309,5 @@ def test_every_cell_of_the_report_that_covers_the_stack_is_answered(environment,
 def test_an_environment_whose_resolution_failed_is_never_said_to_resolve_the_same(environment, history):
     manifest = stack_manifest(environment, _cpu_cell("3.9.0"))
     manifest["resolution"] = {"error": "RuntimeError: no backend could be listed"}
-    (covered,) = check.check(manifest, _history_sources(history)[0]).here.covered
+    (covered,) = check.check(manifest, check.history_sources(history)[0]).here.covered
     assert [(r.compared, r.same) for r in covered.resolution] == [("—", False)] * len(covered.resolution)
