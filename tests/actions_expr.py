@@ -1,7 +1,9 @@
 """A small evaluator for the subset of the GitHub Actions expression language our workflows use in
 `if:` conditions: string and number literals, true/false/null, context property paths, ==, !=, !,
-&&, || and parentheses, with GitHub's semantics (string comparison ignores case; && and || return an
-operand). Anything else raises ValueError, so a test fails when a condition outgrows it."""
+&&, || and parentheses, and the status functions always(), success(), failure(), cancelled() (read
+from the context's "status", "success" unless set), with GitHub's semantics (string comparison
+ignores case; && and || return an operand). Anything else raises ValueError, so a test fails when a
+condition outgrows it."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import re
 from typing import Any
 
 TOKEN = re.compile(
-    r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>\d+(?:\.\d+)?)|(?P<op>==|!=|&&|\|\||!|\(|\))"
+    r"\s*(?:(?P<str>'(?:[^']|'')*')|(?P<num>\d+(?:\.\d+)?)|(?P<status>(?:always|success|failure|cancelled)\(\))"
+    r"|(?P<op>==|!=|&&|\|\||!|\(|\))"
     r"|(?P<path>[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*))"
 )
 
@@ -98,6 +101,9 @@ class _Parser:
             return text[1:-1].replace("''", "'")
         if kind == "num":
             return float(text)
+        if kind == "status":
+            status = self.context.get("status", "success")
+            return text == "always()" or text == f"{status}()"
         if kind == "path":
             literal = {"true": True, "false": False, "null": None}
             if text in literal:

@@ -58,6 +58,7 @@ COMMANDS = {
     },
     "pull": {"--repo": "value", "--branch": "value", "--workflow": "value", "--artifact": "value", "--dest": "value"},
     "history": {},
+    "check": {"--report": "value", "--history": "value", "--to": "append", "--matrix": "value", "--json": "flag"},
 }
 # commands with verbs of their own: each verb's arguments
 VERBS = {

@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_module_command(
         commands, "history", "keep reports in a history directory (add) and render it as a site (render)"
     )
+    _add_module_command(commands, "check", "is my upgrade safe? this stack's cell (and --to's) in the reports")
     return parser
 
 
