@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_module_command(
         commands, "history", "keep reports in a history directory (add) and render it as a site (render)"
     )
+    _add_module_command(commands, "bisect", "name the package between two locks that flips a cell's failing tests")
     return parser
 
 
