@@ -6,6 +6,7 @@ torch's wheel: bench/bisect_cpu.sh runs them, and its output is kept under bench
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -176,6 +177,16 @@ def test_uvs_check_names_the_requirer_and_the_required():
         "The package `Huggingface_Hub` requires `httpx2[http2]>=2.0; extra == 'x'`, but it's not installed\n"
     )
     assert unmet_requirements(output) == [("transformers", "huggingface-hub"), ("huggingface-hub", "httpx2")]
+
+
+def test_a_steps_search_path_keeps_what_is_outside_the_checkout(tmp_path):
+    """CANN's Python packages (on PYTHONPATH on an Ascend host) reach the tests; the checkout's src,
+    which would shadow the gdn installed in the step's environment, does not."""
+    root = tmp_path / "checkout"
+    (root / "src").mkdir(parents=True)
+    cann = "/usr/local/Ascend/ascend-toolkit/latest/python/site-packages"
+    search_path = os.pathsep.join([str(root / "src"), cann, "", str(root)])
+    assert bisect_env.outside(search_path, root) == cann
 
 
 # ---------------------------------------------------------------- the command's refusals

@@ -31,8 +31,9 @@ from gdn.matrix.lockfile import Lock, parse_body
 
 # uv pip check: "The package `transformers` requires `huggingface-hub>=1.3,<2`, but `0.36.0` is installed"
 _UNMET = re.compile(r"The package `([^`]+)` requires `([^`]+)`")
-# the environment a test run must not inherit: another environment's packages or this checkout's src
-_INHERITED = ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")
+# what a test run must not inherit: the caller's own environment; its PYTHONPATH is kept (CANN's
+# set_env.sh puts the toolkit's Python packages there on an Ascend host) less this checkout's entries
+_INHERITED = ("VIRTUAL_ENV", "PYTHONHOME")
 REASON_CHARS = 300
 
 
@@ -156,6 +157,9 @@ class Environments:
     def pytest(self, python: Path, arguments: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
         """pytest in the environment from the checkout's root (the node ids' root); None past the limit."""
         env = {k: v for k, v in os.environ.items() if k not in _INHERITED} | dict(self.env)
+        search_path = outside(env.pop("PYTHONPATH", ""), self.root)
+        if search_path:
+            env["PYTHONPATH"] = search_path
         command = [str(python), "-m", "pytest", "-p", "no:cacheprovider", "-q", *arguments]
         try:
             return subprocess.run(
@@ -193,6 +197,15 @@ class Environments:
         if run.returncode in (0, 1):
             return failing, Trial("pass" if run.returncode == 0 else "fail", _summary(run.stdout))
         return failing, Trial("broken", f"pytest exited {run.returncode}: {_reason(run)}")
+
+
+def outside(search_path: str, root: Path) -> str:
+    """`search_path` (PYTHONPATH) without the entries in the checkout at `root`: the gdn a step tests is
+    the one installed in its environment."""
+    kept = [
+        entry for entry in search_path.split(os.pathsep) if entry and not Path(entry).resolve().is_relative_to(root)
+    ]
+    return os.pathsep.join(kept)
 
 
 def _summary(stdout: str) -> str:
