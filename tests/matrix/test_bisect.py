@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -136,12 +137,14 @@ def _hash(seed: str) -> str:
     return (seed * 64)[:64]
 
 
-def _lock(packages: dict[str, tuple[str, list[str]]], platform: str = "x86_64-manylinux_2_28") -> bytes:
+def _lock(
+    packages: dict[str, tuple[str, list[str]]], platform: str = "x86_64-manylinux_2_28", python: str = "3.11"
+) -> bytes:
     body = ""
     for name, (version, hashes) in packages.items():
         body += f"{name}=={version} \\\n"
         body += " \\\n".join(f"    --hash=sha256:{h}" for h in hashes) + "\n    # via -r cell.in\n"
-    fields = [("cell", "cpu"), ("platform", platform), ("python", "3.11"), ("uv", "0.13.9"), ("inputs", "sha256:0")]
+    fields = [("cell", "cpu"), ("platform", platform), ("python", python), ("uv", "0.13.9"), ("inputs", "sha256:0")]
     return (render_header(fields, body, "cpu") + body).encode()
 
 
@@ -257,3 +260,75 @@ def test_the_command_runs_the_search_over_its_environments(tmp_path, monkeypatch
     assert result.tests == ["tests/t.py::test_x"]
     assert [c.name for c in result.culprit] == ["delta"]
     assert len(written) == len(result.steps)
+
+
+def test_without_a_test_the_cells_failing_tests_are_bisected(tmp_path, monkeypatch, capsys):
+    selections: list[list[str]] = []
+
+    def failing(self, packages: Mapping[str, str], selection: list[str]) -> tuple[list[str], Trial]:
+        selections.append(selection)
+        assert packages == parse_lock(_lock(BAD_LOCK)).packages
+        return ["tests/ops/test_x.py::test_y"], Trial("fail", "1 failed, 3 passed")
+
+    monkeypatch.setattr(bisect_env.Environments, "failing_tests", failing)
+    monkeypatch.setattr(
+        bisect_env.Environments, "__call__", lambda self, p: Trial("fail" if p.get("beta") == "2.0" else "pass")
+    )
+    good = _write(tmp_path, "good.txt", _lock(GOOD_LOCK))
+    bad = _write(tmp_path, "bad.txt", _lock(BAD_LOCK))
+    assert _main(tmp_path, good, bad) == 0
+    # the cpu cell's families, as its entry selects them
+    assert selections[0][:3] == [str(ROOT / "tests"), "-m", "probe or single_op or shape_grid or grpo"]
+    assert "failing: tests/ops/test_x.py::test_y" in capsys.readouterr().out
+    result = load(BisectResult, (tmp_path / "work" / bisect.RESULT).read_bytes(), "bisect.json")
+    assert result.tests == ["tests/ops/test_x.py::test_y"]
+    assert [c.describe() for c in result.culprit] == ["beta 1.0 -> 2.0"]
+
+
+def test_a_bad_lock_whose_tests_pass_leaves_nothing_to_bisect(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        bisect_env.Environments, "failing_tests", lambda self, packages, selection: ([], Trial("pass", "9 passed"))
+    )
+    good = _write(tmp_path, "good.txt", _lock(GOOD_LOCK))
+    bad = _write(tmp_path, "bad.txt", _lock(BAD_LOCK))
+    assert _main(tmp_path, good, bad) == 1
+    assert "the bad lock's tests do not fail: nothing to bisect" in capsys.readouterr().out
+    result = load(BisectResult, (tmp_path / "work" / bisect.RESULT).read_bytes(), "bisect.json")
+    assert (result.verdict, result.bad_lock) == ("no_failure", str(bad))
+
+
+# ---------------------------------------------------------------- real environments (uv, PyPI)
+
+# pure-Python packages of the cpu cell's lock: real hashes of real files, a few MB in all
+SMALL = ("iniconfig", "packaging", "pluggy", "pygments", "pytest")
+PROBE = """
+import importlib.util
+
+
+def test_no_sortedcontainers():
+    assert importlib.util.find_spec("sortedcontainers") is None
+"""
+
+
+def test_real_environments_find_the_group_that_installs_together(tmp_path):
+    """uv builds each step from PyPI: hypothesis needs sortedcontainers, so a step with hypothesis alone is broken
+    (uv pip check), and the two are found together as what flips a test that sortedcontainers fails."""
+    pytest.importorskip("uv", reason="the environments are made with uv (the matrix extra)")
+    cpu = parse_lock((ROOT / "locks" / "cpu.txt").read_bytes())
+    entry = {name: (cpu.packages[name], list(cpu.hashes[name])) for name in (*SMALL, "hypothesis", "sortedcontainers")}
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    good = parse_lock(_lock({name: entry[name] for name in SMALL}, python=python))
+    bad = parse_lock(_lock(entry, python=python))
+    probe = tmp_path / "probe_test.py"
+    probe.write_text(PROBE)
+    environments = bisect_env.Environments(
+        root=ROOT, work=tmp_path / "work", locks=(good, bad), timeout_s=300, tests=(str(probe),)
+    )
+    result, lines = _search(good.packages, bad.packages, environments)
+    assert [s.outcome for s in result.steps] == ["fail", "pass", "broken"], lines
+    assert result.steps[2].conflicts == ["hypothesis needs sortedcontainers"]
+    assert result.verdict == "found"
+    assert [c.name for c in result.culprit] == ["hypothesis", "sortedcontainers"]
+    # each step installed gdn from this checkout, without its dependencies (no torch)
+    installed = list((tmp_path / "work" / "env-01" / "venv" / "lib").glob("python*/site-packages/gdn/__init__.py"))
+    assert installed

@@ -4,9 +4,10 @@ requirements file, a uv virtual environment with this checkout's gdn in it, and 
 Each requirement line is written from the parsed locks (`name==version \\` and its
 `--hash=sha256:` lines) and read back through the lock's own body parser before uv sees it: nothing a
 lock says becomes a pip option. uv installs the file with `--require-hashes --no-deps` (the file is
-the whole environment), then gdn's wheel, built once per search, without its dependencies. Whether the
-packages hold together is `uv pip check`'s word: an unmet requirement makes the step broken and names
-the two packages, which the search then changes together. Every step installs from uv's one cache
+the whole environment). Whether those packages hold together is `uv pip check`'s word: an unmet
+requirement makes the step broken and names the two packages, which the search then changes
+together. Then gdn's wheel, built once per search, goes in without its dependencies (they are the
+lock's to bring). Every step installs from uv's one cache
 (its default, or $UV_CACHE_DIR), so a package's wheel (torch's CPU build above all) is downloaded and
 unpacked once and linked into each later environment.
 """
@@ -144,14 +145,16 @@ class Environments:
         run = self._uv(*install, "--require-hashes", *links, "-r", str(requirements))
         if run.returncode != 0:
             return Trial("broken", f"uv could not install the packages: {_reason(run)}")
-        run = self._uv(*install, str(self.gdn_wheel()))
-        if run.returncode != 0:
-            return Trial("broken", f"uv could not install gdn: {_reason(run)}")
         run = self._uv("pip", "check", "--no-config", "--python", str(python))
         if run.returncode != 0:
             unmet = unmet_requirements(run.stdout + run.stderr)
             listed = "; ".join(f"{a} needs {b}" for a, b in unmet) or _reason(run)
             return Trial("broken", f"the packages do not hold together: {listed}", tuple(unmet))
+        # after the check, which judges the locks' packages: gdn comes without its dependencies, which
+        # are the lock's to bring
+        run = self._uv(*install, str(self.gdn_wheel()))
+        if run.returncode != 0:
+            return Trial("broken", f"uv could not install gdn: {_reason(run)}")
         return python
 
     def pytest(self, python: Path, arguments: Sequence[str]) -> subprocess.CompletedProcess[str] | None:
