@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from gdn.matrix.bisect_env import BisectInputError, Environments, unhashed
-from gdn.matrix.bisect_search import Search
+from gdn.matrix.bisect_search import Search, Trial, differences
 from gdn.matrix.config import Cell, MatrixConfigError, load_matrix, wheelhouse_dir
 from gdn.matrix.lock import LockError, read_lock
 from gdn.matrix.lockfile import Lock, LockFileError
@@ -133,11 +133,12 @@ def run(args: argparse.Namespace) -> int:
     search = Search(good.packages, bad.packages, environments)
     try:
         if not environments.tests:
-            found = _find_failing(environments, cell, root, bad, search)
-            if isinstance(found, BisectResult):
-                found.good_lock, found.bad_lock = str(args.good), str(args.bad)
-                return _finish(found, work)
-            environments.tests = tuple(found)
+            failing, trial = _find_failing(environments, cell, root, bad)
+            if not failing:
+                verdict = "no_failure" if trial.outcome == "pass" else "unusable"
+                changes = differences(good.packages, bad.packages)
+                return _finish(BisectResult(cell.name, str(args.good), str(args.bad), [], changes, verdict, []), work)
+            environments.tests = tuple(failing)
         result = search.run(cell.name, str(args.good), str(args.bad), environments.tests)
     except BisectInputError as exc:
         print(f"gdn-matrix bisect: {exc}", file=sys.stderr)
@@ -145,18 +146,14 @@ def run(args: argparse.Namespace) -> int:
     return _finish(result, work)
 
 
-def _find_failing(
-    environments: Environments, cell: Cell, root: Path, bad: Lock, search: Search
-) -> list[str] | BisectResult:
-    """The node ids of the cell's selection that fail with the bad lock, or the result when none does."""
+def _find_failing(environments: Environments, cell: Cell, root: Path, bad: Lock) -> tuple[list[str], Trial]:
+    """The node ids of the cell's selection that fail with the bad lock, and that run's verdict."""
     print(f"no --test: running cell {cell.name}'s tests ({', '.join(cell.families)}) with the bad lock")
     failing, trial = environments.failing_tests(bad.packages, selection(cell, root, bad))
     print(f"the bad lock's tests: {trial.outcome}" + (f" ({trial.detail})" if trial.detail else ""))
     if failing:
         print("failing: " + ", ".join(failing))
-        return failing
-    verdict = "no_failure" if trial.outcome == "pass" else "unusable"
-    return BisectResult(cell.name, "", "", [], [], verdict, search.steps)
+    return failing, trial
 
 
 def _finish(result: BisectResult, work: Path) -> int:
@@ -164,11 +161,11 @@ def _finish(result: BisectResult, work: Path) -> int:
     result.write(path)
     said = {
         "found": "flips the tests: "
-        + ("; ".join(c.describe() for c in result.culprit) if result.culprit else "")
+        + "; ".join(c.describe() for c in result.culprit)
         + (" (a group: these change together)" if len(result.culprit) > 1 else ""),
         "no_failure": "the bad lock's tests do not fail: nothing to bisect",
         "good_fails": "the good lock's tests fail too: nothing to bisect between the two",
-        "unusable": "an end lock's environment is broken here (see its step)",
+        "unusable": "an end lock's environment is broken here (see the line above)",
     }[result.verdict]
     print(f"{said}\n{len(result.steps)} steps in {result.duration_s:.0f} s; {path}")
     return EXIT[result.verdict]
