@@ -100,10 +100,9 @@ class Environments:
     _built: dict[frozenset[tuple[str, str]], Path | Trial] = field(default_factory=dict)
     _wheel: Path | None = None
 
-    def _uv(self, *arguments: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    def _uv(self, *arguments: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             [uv_binary(), *arguments],
-            cwd=cwd,
             capture_output=True,
             text=True,
             check=False,
@@ -176,12 +175,7 @@ class Environments:
         built = self.build(packages)
         if isinstance(built, Trial):
             return built
-        run = self.pytest(built, ["--", *self.tests])
-        if run is None:
-            return Trial("broken", f"the tests ran past {self.timeout_s:.0f} s")
-        if run.returncode in (0, 1):
-            return Trial("pass" if run.returncode == 0 else "fail", _summary(run.stdout))
-        return Trial("broken", f"pytest exited {run.returncode}: {_reason(run)}")
+        return self._verdict(self.pytest(built, ["--", *self.tests]))
 
     def failing_tests(self, packages: Mapping[str, str], selection: Sequence[str]) -> tuple[list[str], Trial]:
         """The node ids that fail or error when `selection` (pytest arguments: the cell's test files and
@@ -195,11 +189,16 @@ class Environments:
         run = self.pytest(built, ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={record}", *selection])
         finished = outcomes.read_finished(record)
         failing = [test.nodeid for test in finished if test.outcome in ("failed", "error")]
+        return failing, self._verdict(run)
+
+    def _verdict(self, run: subprocess.CompletedProcess[str] | None) -> Trial:
+        """A pytest run's verdict: its exit status 0 passes, 1 fails; anything else (a usage error, no
+        test collected, past the time limit) gives none."""
         if run is None:
-            return failing, Trial("broken", f"the cell's tests ran past {self.timeout_s:.0f} s")
+            return Trial("broken", f"the tests ran past {self.timeout_s:.0f} s")
         if run.returncode in (0, 1):
-            return failing, Trial("pass" if run.returncode == 0 else "fail", _summary(run.stdout))
-        return failing, Trial("broken", f"pytest exited {run.returncode}: {_reason(run)}")
+            return Trial("pass" if run.returncode == 0 else "fail", _summary(run.stdout))
+        return Trial("broken", f"pytest exited {run.returncode}: {_reason(run)}")
 
 
 def outside(search_path: str, root: Path) -> str:
