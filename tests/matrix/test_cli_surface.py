@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from gdn.matrix import accuracy, cli, diff, lock, probe, pull
+from gdn.matrix import accuracy, bisect, cli, diff, lock, probe, pull
 
 pytestmark = pytest.mark.tooling
 
@@ -59,6 +59,15 @@ COMMANDS = {
     "pull": {"--repo": "value", "--branch": "value", "--workflow": "value", "--artifact": "value", "--dest": "value"},
     "history": {},
     "check": {"--report": "value", "--history": "value", "--to": "append", "--matrix": "value", "--json": "flag"},
+    "bisect": {
+        "cell": "positional",
+        "--good": "value",
+        "--bad": "value",
+        "--test": "append",
+        "--work": "value",
+        "--matrix": "value",
+        "--root": "value",
+    },
 }
 # commands with verbs of their own: each verb's arguments
 VERBS = {
@@ -126,8 +135,8 @@ def test_the_python_m_entry_points_take_what_their_command_takes(module):
 
 @pytest.mark.parametrize(
     ("module", "command"),
-    [(probe, "manifest"), (accuracy, "accuracy"), (lock, "lock")],
-    ids=["probe", "accuracy", "lock"],
+    [(probe, "manifest"), (accuracy, "accuracy"), (lock, "lock"), (bisect, "bisect")],
+    ids=["probe", "accuracy", "lock", "bisect"],
 )
 def test_the_other_python_m_programs_take_what_their_command_takes(module, command):
     """The matrix's other modules that run on their own parse as the `gdn-matrix` command that runs

@@ -236,7 +236,18 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
     out = tmp_path / "schemas"
     assert cli.main(["schema", "--output", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
-    files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report", "history_entry")
+    files = (
+        "cell",
+        "interrupted",
+        "manifest",
+        "resolution",
+        "bench",
+        "kernels",
+        "accuracy",
+        "report",
+        "history_entry",
+        "bisect",
+    )
     assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
     directory = _cell_dir(root, "a")
@@ -247,6 +258,8 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "report": tmp_path / "out" / "report.json",
         "kernels": tmp_path / "kernels.json",
         "accuracy": tmp_path / "accuracy.json",
+        # the bisect demonstration's result, as `gdn-matrix bisect` wrote it
+        "bisect": REPO / "bench" / "results" / "bisect-cpu-2026-12-05.json",
     }
     entry = KernelEntry("fla", "common.chunk_bwd_dqkwg", "float32", "tilelang", (("x", "why"),), "numeric probe")
     kernels.add_step(written["kernels"], "tests", Counter({entry: 2}))

@@ -160,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands, "history", "keep reports in a history directory (add) and render it as a site (render)"
     )
     _add_module_command(commands, "check", "is my upgrade safe? this stack's cell (and --to's) in the reports")
+    _add_module_command(commands, "bisect", "name the package between two locks that flips a cell's failing tests")
     return parser
 
 

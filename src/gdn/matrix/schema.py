@@ -9,6 +9,7 @@
     accuracy.json     AccuracyFile     each backend's error against an fp64 reference (gdn.matrix.accuracy)
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
     entry.json        HistoryEntry     one report kept in a history (gdn.matrix.history)
+    bisect.json       BisectResult     which package between two locks flips a cell's tests (gdn.matrix.bisect)
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
 writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
@@ -42,6 +43,7 @@ KERNELS_SCHEMA = 1
 ACCURACY_SCHEMA = 1
 REPORT_SCHEMA = 1
 HISTORY_SCHEMA = 1
+BISECT_SCHEMA = 1
 
 Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
 # a report's status of a cell adds "interrupted": a run was interrupted and no complete run is recorded
@@ -487,6 +489,68 @@ class HistoryEntry:
         write_json(directory / "entry.json", asdict(self))
 
 
+# ---------------------------------------------------------------- bisect.json
+
+# pass / fail: the tests' verdict in an environment; broken: no verdict (the environment did not
+# install, its dependencies do not hold together, or pytest could not run the tests)
+StepOutcome = Literal["pass", "fail", "broken"]
+# found: a change (or a group that goes together) flips the result; no_failure: the bad lock passes;
+# good_fails: the good lock fails too; unusable: an end lock's own environment is broken
+BisectVerdict = Literal["found", "no_failure", "good_fails", "unusable"]
+
+
+@dataclass
+class PackageChange:
+    """One package that differs between the two locks: `good` None for one the bad lock adds, `bad`
+    None for one it removes."""
+
+    name: str
+    good: str | None
+    bad: str | None
+
+    def describe(self) -> str:
+        if self.good is None:
+            return f"{self.name} (added) {self.bad}"
+        if self.bad is None:
+            return f"{self.name} {self.good} (removed)"
+        return f"{self.name} {self.good} -> {self.bad}"
+
+
+@dataclass
+class BisectStep:
+    """One environment built and tested: the changes taken from the bad lock (every other package is
+    the good lock's), what came of it and how long it took. `conflicts` are the unmet requirements uv's
+    check named (`requirer needs requirement`)."""
+
+    number: int
+    from_bad: list[str]
+    outcome: StepOutcome
+    duration_s: float
+    detail: str = ""
+    conflicts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BisectResult:
+    """bisect.json: the search between two locks of a cell. `culprit` is the smallest set of changes
+    found to flip the tests from passing to failing: one package, or a group that only installs
+    together."""
+
+    cell: str
+    good_lock: str
+    bad_lock: str
+    tests: list[str]
+    changes: list[PackageChange]
+    verdict: BisectVerdict
+    steps: list[BisectStep]
+    culprit: list[PackageChange] = field(default_factory=list)
+    duration_s: float = 0.0
+    schema: int = BISECT_SCHEMA
+
+    def write(self, path: Path) -> None:
+        write_json(path, asdict(self))
+
+
 # ---------------------------------------------------------------- reading and publishing
 
 MODELS: dict[str, Any] = {
@@ -499,6 +563,7 @@ MODELS: dict[str, Any] = {
     "accuracy": AccuracyFile,
     "report": Report,
     "history_entry": HistoryEntry,
+    "bisect": BisectResult,
 }
 
 
