@@ -24,7 +24,7 @@ from gdn import _validate as check
 from gdn import dispatch
 from gdn.kernel_log import record_route
 from gdn.op_specs import SPECS
-from gdn.resolve import Resolution, Served, decided
+from gdn.resolve import Resolution, decided
 from gdn.tensor_metadata import SameMetadata, metadata
 
 # the ops that may have a prepared step, and how many leading positional arguments are its tensors
@@ -100,9 +100,15 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
         ):
             record_route(step.route, name, first.dtype)
             return step.run(*tensors)
-    served = dispatch.serve(name, args, kwargs)
-    if key is not None and step is None:  # a key without a step: remember this call's
-        _remember(name, key, args, served)
+    served = dispatch.serve(name, args, kwargs, prepare=key is not None and step is None)
+    # a key without a step: remember this call's step (or that it has none) for the calls that repeat its
+    # metadata, unless the op was decided anew since the key was taken (a reset in another thread)
+    if key is not None and step is None and id(served.resolution) == key[-1]:
+        stored = Step(SameMetadata(tensors), held, mode, served.resolution, served.route, served.step, device_type)
+        with _steps_lock:
+            if len(_steps) >= MAX_STEPS:
+                del _steps[next(iter(_steps))]  # the oldest
+            _steps[key] = _latest[name] = stored
     return served.run()
 
 
@@ -116,33 +122,3 @@ def _plain(held: tuple) -> bool:
     """Whether a call's options (as _options holds them) are all plain values, as a step's must be."""
     positional, by_keyword = held[0], held[1]
     return all(kind in _OPTION_TYPES for kind in positional) and all(kind in _OPTION_TYPES for kind in by_keyword)
-
-
-def prepared_step(served: Served) -> Callable | None:
-    """The serving implementation's prepared step for a validated call, where it offers one and its
-    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
-    prepare = getattr(served.fn, "prepare", None)
-    if prepare is None or not served.kernel_guards or check.value_check_mode() == "1":
-        return None
-    return prepare(served.call)
-
-
-def _remember(name: str, key: tuple, args: tuple, served: Served) -> None:
-    """Remember a call's prepared step (or that it has none) for the calls that repeat its metadata."""
-    if id(served.resolution) != key[-1]:  # decided anew since the key was taken (a reset in another thread)
-        return
-    run = prepared_step(served)
-    step = Step(
-        SameMetadata(args[: STEP_TENSORS[name]]),
-        key[2],
-        key[3],
-        served.resolution,
-        served.route,
-        run,
-        served.call.device.type,
-    )
-    with _steps_lock:
-        if len(_steps) >= MAX_STEPS:
-            del _steps[next(iter(_steps))]  # the oldest
-        _steps[key] = step
-        _latest[name] = step

@@ -121,7 +121,8 @@ class Served:
     """A validated call, the backend and route that serve it, its implementation, the resolution it came
     from, whether that backend's kernel guards the values the host value checks read or takes them
     unchecked (Backend.guards_values, Backend.trusts_values), and the candidates that passed the call on
-    and why."""
+    and why; and the implementation's prepared step for the calls that repeat this one's metadata, where
+    gdn.dispatch was asked for it and there is one."""
 
     call: Call
     backend: str
@@ -131,6 +132,7 @@ class Served:
     kernel_guards: bool
     kernel_trusts: bool
     passed_over: kernel_log.PassedOver
+    step: Callable | None = None
 
     def run(self) -> Any:
         """The implementation's result for the call, as the public op returns it."""

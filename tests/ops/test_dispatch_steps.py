@@ -39,7 +39,7 @@ def served(monkeypatch):
     """The calls that went through validation and resolution (dispatch.serve)."""
     calls = []
     serve = dispatch.serve
-    monkeypatch.setattr(dispatch, "serve", lambda *a: calls.append(a[0]) or serve(*a))
+    monkeypatch.setattr(dispatch, "serve", lambda *a, **kw: calls.append(a[0]) or serve(*a, **kw))
     monkeypatch.setattr(prepared, "_steps", {})
     monkeypatch.setattr(prepared, "_latest", {})
     return calls
