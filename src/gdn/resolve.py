@@ -112,7 +112,8 @@ class Resolution:
                     )
             passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
             backend, (route, fn) = EAGER, res.training
-        guards, trusts = guards_values(backend, res.op), trusts_values(backend, res.op)
+        serving = _registry()[backend]
+        guards, trusts = res.op in serving.guards_values, res.op in serving.trusts_values
         return Served(call, backend, route, fn, self, guards, trusts, tuple(passed_over))
 
 
@@ -183,16 +184,6 @@ def unregister_backend(name: str) -> None:
 
 def backends() -> dict[str, Backend]:
     return dict(_registry())
-
-
-def guards_values(backend: str, op: str) -> bool:
-    """Whether `backend`'s kernel for `op` guards the values that the value checks read."""
-    return op in _registry()[backend].guards_values
-
-
-def trusts_values(backend: str, op: str) -> bool:
-    """Whether `backend`'s kernel for `op` takes those values unchecked (Backend.trusts_values)."""
-    return op in _registry()[backend].trusts_values
 
 
 def modes() -> list[str]:
