@@ -105,8 +105,9 @@ _last_route: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdn_la
 
 def record_route(route: str, op: str, dtype: torch.dtype, passed_over: PassedOver = ()) -> None:
     """Record `route` as the one that served this thread's latest call of `op` (inputs of `dtype`), and
-    note the call at level "gdn" in the log in force: Resolution.serve does, and so does a caller that
-    serves calls through an implementation it took from Resolution.serve once (gdn.prepared's steps)."""
+    note the call at level "gdn" in the log in force: gdn.dispatch does once a call's value checks pass,
+    and so does a caller that serves calls through a step it took from gdn.dispatch once (gdn.prepared's
+    steps, PreparedPoolDecode)."""
     _last_route.set(route)
     if ACTIVE is not None:
         note("gdn", op, dtype, route, passed_over)

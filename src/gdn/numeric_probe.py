@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from gdn.backends.base import describe_error
 from gdn.calls import PREPARE, Call, GdnCall
+from gdn.errors import describe_error
 from gdn.op_specs import BY_NAME
 
 DEFAULT_TOLERANCE = 5e-3
@@ -303,16 +303,18 @@ def probe_op(
     device: torch.device,
     tolerance: float | None = None,
     *,
+    eager: Callable,
     with_grad: bool = True,
     dtype: torch.dtype | None = None,
     head_dims: tuple[int, int] | None = None,
     like: Call | None = None,
     refusal: Callable[[Any], str | None] | None = None,
     outside_limits: tuple[int, int] | None = None,
-    eager: Callable | None = None,
     compile_ahead: Callable[[list[Any], Callable[[], object]], None] | None = None,
 ) -> ProbeReport:
-    """`like` is the call that asked for the op: the gated-delta cases take its class (probe_class),
+    """Probe `fn`, a backend's implementation of `op`, against `eager`, the reference implementation
+    (the eager backend's: the caller holds it, so that the probe stands below the backends).
+    `like` is the call that asked for the op: the gated-delta cases take its class (probe_class),
     except that `dtype` and `head_dims`, where given, are what the backend takes and win (with the
     backend's tolerance for them); a half-precision class taken from the call raises the tolerance
     to HALF_PRECISION_TOLERANCE's at least.
@@ -320,13 +322,9 @@ def probe_op(
     refused and not compared; a backend that refuses every case fails. `outside_limits` (K, V) adds
     the first case again at head dims outside the backend's limits: refused there, the refusal is on
     record (a call of that shape never reaches the kernel); taken, it is compared like any case.
-    `eager` is the reference implementation (default: the eager backend's). `compile_ahead` receives
-    the validated calls of every case the backend takes, once, before any case runs, and a function
-    that computes every case's eager reference, to run while the backend's binaries compile."""
-    if eager is None:
-        from gdn.backends.eager import EAGER
-
-        eager = EAGER.ops[op]
+    `compile_ahead` receives the validated calls of every case the backend takes, once, before any case
+    runs, and a function that computes every case's eager reference, to run while the backend's binaries
+    compile."""
     cls = probe_class(like)
     if dtype is not None:
         cls = replace(cls, dtype=None if dtype == torch.float32 else dtype)

@@ -19,7 +19,7 @@ from gdn import calls, library
 from gdn.dispatch import serve
 from gdn.kernel_log import record_route
 from gdn.op_specs import BY_NAME
-from gdn.prepared import prepared_step, run_op
+from gdn.prepared import run_op
 from gdn.tensor_metadata import SameMetadata, metadata
 
 
@@ -78,13 +78,13 @@ class PreparedPoolDecode:
     and so does a step whose tensors need gradients."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        served = serve(OP, args, kwargs)
+        served = serve(OP, args, kwargs, prepare=True)
         arguments = _SPEC.bind(args, kwargs)
         self.route: str = served.route or served.backend
         self._pool = arguments["ssm_pool"]
         self._options = {name: arguments[name] for name in _SPEC.names[_SPEC.step_tensors :]}
         self._same = SameMetadata(tuple(arguments[name] for name in STEP_ARGUMENTS))
-        self._step: Callable[..., torch.Tensor] | None = prepared_step(served)
+        self._step: Callable[..., torch.Tensor] | None = served.step
 
     def __call__(
         self,

@@ -52,7 +52,9 @@ class Step:
     device_type: str  # the tensors' (same() checks the device): reading a tensor's device costs a µs
 
 
-# _step_key -> the step of calls with that key
+# a call's key -> the step of calls with that key: its metadata, options, value-check mode and the
+# resolver's decision (by identity: a decision made again after a reset, a registration or under another
+# mode is another object; a step holds its decision, so the identity is not reused while the step lives)
 _steps: dict[tuple, Step] = {}
 # op -> its latest step taken or stored: a serving loop repeats one call's metadata on every layer and
 # token, and checking a call against it (SameMetadata) costs less than building and hashing its key
@@ -62,15 +64,31 @@ _steps_lock = threading.Lock()  # for the writers; a hit reads without it
 
 def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     """The public op `name` outside a compiled graph: its prepared step where the call repeats one's
-    metadata, else the full path (remembering the step for the calls that repeat this one's)."""
+    metadata, else the full path (remembering the step for the calls that repeat this one's). What a
+    call must repeat is read first, the resolver's decision once, then the metadata where the latest
+    step is not repeated."""
     width = STEP_TENSORS.get(name)
     key = step = None
     if width is not None and len(args) >= width:
         tensors = args[:width]
-        step = _latest.get(name)
-        if step is None or not _repeats(step, name, tensors, args[width:], kwargs):
-            key = _step_key(name, args, width, kwargs)
-            step = None if key is None else _steps.get(key)
+        held = _options(args[width:], kwargs)
+        mode = check.value_check_mode()
+        latest = _latest.get(name)
+        repeated = latest is not None and latest.same(*tensors) and held == latest.options and latest.mode == mode
+        first = tensors[0]
+        if repeated:  # its options are a stored step's: plain
+            device_type = latest.device_type
+        elif isinstance(first, torch.Tensor) and _plain(held):
+            device_type = first.device.type
+        else:  # no step: a call whose first argument is not a tensor fails validation
+            device_type = None
+        # before the op is resolved, the first call resolves it in its own class (gdn.resolve)
+        resolution = None if device_type is None else decided(name, device_type)
+        if repeated and latest.resolution is resolution:
+            step = latest
+        elif resolution is not None:
+            key = (name, metadata(tensors), held, mode, id(resolution))
+            step = _steps.get(key)
             if step is not None:
                 _latest[name] = step
         # a stored step's metadata is of tensors (a call whose arguments are not tensors fails validation
@@ -80,11 +98,17 @@ def run_op(name: str, args: tuple, kwargs: dict[str, Any]) -> Any:
             and step.run is not None
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
         ):
-            record_route(step.route, name, tensors[0].dtype)
+            record_route(step.route, name, first.dtype)
             return step.run(*tensors)
-    served = dispatch.serve(name, args, kwargs)
-    if key is not None and step is None:  # a key without a step: remember this call's
-        _remember(name, key, args, served)
+    served = dispatch.serve(name, args, kwargs, prepare=key is not None and step is None)
+    # a key without a step: remember this call's step (or that it has none) for the calls that repeat its
+    # metadata, unless the op was decided anew since the key was taken (a reset in another thread)
+    if key is not None and step is None and id(served.resolution) == key[-1]:
+        stored = Step(SameMetadata(tensors), held, mode, served.resolution, served.route, served.step, device_type)
+        with _steps_lock:
+            if len(_steps) >= MAX_STEPS:
+                del _steps[next(iter(_steps))]  # the oldest
+            _steps[key] = _latest[name] = stored
     return served.run()
 
 
@@ -94,62 +118,7 @@ def _options(options: tuple, kwargs: dict[str, Any]) -> tuple:
     return (tuple(map(type, options)), tuple(map(type, kwargs.values())), options, tuple(kwargs.items()))
 
 
-def _repeats(step: Step, name: str, tensors: tuple, options: tuple, kwargs: dict[str, Any]) -> bool:
-    """Whether a call takes `step`: the same metadata, options, value-check mode and decision."""
-    return (
-        step.same(*tensors)
-        and _options(options, kwargs) == step.options
-        and check.value_check_mode() == step.mode
-        and decided(name, step.device_type) is step.resolution
-    )
-
-
-def _step_key(name: str, args: tuple, width: int, kwargs: dict[str, Any]) -> tuple | None:
-    """The call's metadata, options, value-check mode and the resolver's decision (by identity: a
-    decision made again after a reset, a registration or under another mode is another object; a step
-    holds its decision, so the identity is not reused while the step lives); None for a call that cannot
-    take a prepared step, or before the op is resolved (the first call resolves it in its own class,
-    gdn.resolve)."""
-    options = args[width:]
-    for value in options:
-        if type(value) not in _OPTION_TYPES:
-            return None
-    for value in kwargs.values():
-        if type(value) not in _OPTION_TYPES:
-            return None
-    held = _options(options, kwargs)
-    first = args[0]
-    resolution = decided(name, first.device.type) if isinstance(first, torch.Tensor) else None
-    if resolution is None:
-        return None
-    return (name, metadata(args[:width]), held, check.value_check_mode(), id(resolution))
-
-
-def prepared_step(served: dispatch.Served) -> Callable | None:
-    """The serving implementation's prepared step for a validated call, where it offers one and its
-    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks); else None."""
-    prepare = getattr(served.fn, "prepare", None)
-    if prepare is None or not served.kernel_guards or check.value_check_mode() == "1":
-        return None
-    return prepare(served.call)
-
-
-def _remember(name: str, key: tuple, args: tuple, served: dispatch.Served) -> None:
-    """Remember a call's prepared step (or that it has none) for the calls that repeat its metadata."""
-    if id(served.resolution) != key[-1]:  # decided anew since the key was taken (a reset in another thread)
-        return
-    run = prepared_step(served)
-    step = Step(
-        SameMetadata(args[: STEP_TENSORS[name]]),
-        key[2],
-        key[3],
-        served.resolution,
-        served.route,
-        run,
-        served.call.device.type,
-    )
-    with _steps_lock:
-        if len(_steps) >= MAX_STEPS:
-            del _steps[next(iter(_steps))]  # the oldest
-        _steps[key] = step
-        _latest[name] = step
+def _plain(held: tuple) -> bool:
+    """Whether a call's options (as _options holds them) are all plain values, as a step's must be."""
+    positional, by_keyword = held[0], held[1]
+    return all(kind in _OPTION_TYPES for kind in positional) and all(kind in _OPTION_TYPES for kind in by_keyword)

@@ -89,12 +89,11 @@ class Resolution:
             ],
         }
 
-    def serve(self, call: Call) -> tuple[str, str, Callable]:
-        """The backend, route and implementation for one validated call (gdn.calls.Call): this
-        resolution's; the next candidate's when the backend refuses the call; eager when the call needs
-        gradients and the backend serves the op forward only (logged once per op, device and backend).
-        The call is noted in the kernel log in force (gdn.kernel_log), with the backends that passed it
-        on and why."""
+    def serve(self, call: Call) -> Served:
+        """What serves one validated call (gdn.calls.Call): this resolution's backend; the next
+        candidate's when the backend refuses the call; eager when the call needs gradients and the
+        backend serves the op forward only (logged once per op, device and backend). The caller runs the
+        host value checks the serving kernel does not guard, then records the route (gdn.dispatch)."""
         res = self
         passed_over: list[tuple[str, str]] = []
         reason = _registry()[res.backend].refusal(res.op, call)
@@ -103,7 +102,7 @@ class Resolution:
             res = _refused(res, reason, call)
             reason = _registry()[res.backend].refusal(res.op, call)
         backend, route, fn = res.backend, res.route, res.fn
-        if res.training is not None and _needs_grad(call):
+        if res.training is not None and torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors()):
             key = (res.op, res.device, res.backend)
             with _lock:
                 if key not in _training_fallbacks:
@@ -113,8 +112,32 @@ class Resolution:
                     )
             passed_over.append((res.backend, "serves the op forward only and the call needs gradients"))
             backend, (route, fn) = EAGER, res.training
-        kernel_log.record_route(route, res.op, call.dtype, tuple(passed_over))
-        return backend, route, fn
+        serving = _registry()[backend]
+        guards, trusts = res.op in serving.guards_values, res.op in serving.trusts_values
+        return Served(call, backend, route, fn, self, guards, trusts, tuple(passed_over))
+
+
+@dataclass(slots=True)
+class Served:
+    """A validated call, the backend and route that serve it, its implementation, the resolution it came
+    from, whether that backend's kernel guards the values the host value checks read or takes them
+    unchecked (Backend.guards_values, Backend.trusts_values), and the candidates that passed the call on
+    and why; and the implementation's prepared step for the calls that repeat this one's metadata, where
+    gdn.dispatch was asked for it and there is one."""
+
+    call: Call
+    backend: str
+    route: str
+    fn: Callable
+    resolution: Resolution
+    kernel_guards: bool
+    kernel_trusts: bool
+    passed_over: kernel_log.PassedOver
+    step: Callable | None = None
+
+    def run(self) -> Any:
+        """The implementation's result for the call, as the public op returns it."""
+        return self.call.public_result(self.fn(self.call))
 
 
 _lock = threading.RLock()
@@ -161,16 +184,6 @@ def unregister_backend(name: str) -> None:
 
 def backends() -> dict[str, Backend]:
     return dict(_registry())
-
-
-def guards_values(backend: str, op: str) -> bool:
-    """Whether `backend`'s kernel for `op` guards the values that the value checks read."""
-    return op in _registry()[backend].guards_values
-
-
-def trusts_values(backend: str, op: str) -> bool:
-    """Whether `backend`'s kernel for `op` takes those values unchecked (Backend.trusts_values)."""
-    return op in _registry()[backend].trusts_values
 
 
 def modes() -> list[str]:
@@ -332,10 +345,6 @@ def decided(op: str, device_type: str) -> Resolution | None:
 
 
 _training_fallbacks: set[tuple[str, str, str]] = set()
-
-
-def _needs_grad(call: Call) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in call.tensors())
 
 
 def _refused(res: Resolution, reason: str, call: Call) -> Resolution:

@@ -97,6 +97,34 @@ def test_marks_give_what_a_span_ran():
     assert kernel_log.ACTIVE is None
 
 
+def test_a_call_the_value_checks_refuse_is_not_recorded_as_run():
+    """A call whose cu_seqlens the host value checks refuse never reaches a kernel: the thread's latest
+    route stays the previous call's and the log in force counts nothing for it."""
+    routed = Backend(
+        name="routed",
+        ops={"l2norm": EAGER.ops["l2norm"]},
+        devices=("cpu",),
+        needs_probe=False,
+        route=lambda op: "routed",
+    )
+    gdn.register_backend(routed)
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, g, beta = (t.detach() for t in chunk_inputs(torch.float32, gen, T=5))
+    decreasing = torch.tensor([0, 4, 2, 5], dtype=torch.int64)
+    try:
+        with recording() as log:
+            with resolver.compute_mode_override("routed"):
+                gdn.l2norm(torch.randn(3, 8, generator=gen))
+            mark = log.mark()
+            with pytest.raises(ValueError, match="non-decreasing"):
+                gdn.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=decreasing)
+            refused = log.since(mark)
+        assert kernel_log.last_route() == "routed"
+        assert refused == {}
+    finally:
+        gdn.unregister_backend("routed")
+
+
 def run_with_standins(code: str, *sites: str, **env: str) -> dict:
     """Run `code` (which prints one JSON value) with the stand-in sites and gdn on sys.path."""
     path = os.pathsep.join([*(str(STANDINS / site) for site in sites), str(SRC)])

@@ -194,7 +194,7 @@ def host_checks_run(backend: str, op: str, mode: str) -> bool:
     """Whether the host checks run (and raise) for this call: GDN_VALUE_CHECKS=1 always; auto where the
     serving kernel does not check the values itself; never during capture or with 0 (every pooled op
     is safe without them)."""
-    return mode == "1" or (mode == "auto" and not resolver.guards_values(backend, op))
+    return mode == "1" or (mode == "auto" and op not in resolver.backends()[backend].guards_values)
 
 
 @pytest.mark.parametrize("mode", MODES)

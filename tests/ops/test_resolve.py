@@ -347,7 +347,7 @@ def test_probe_names_a_bad_forward_even_without_autograd_graph(kind):
         fill = 0.0 if kind == "zeros" else float("nan")
         return torch.full_like(o.detach(), fill), torch.full_like(state.detach(), fill)
 
-    report = numeric_probe.probe_op(OP, detached, CPU)
+    report = numeric_probe.probe_op(OP, detached, CPU, eager=_eager_chunk)
     assert report.passed is False
     assert WRONG[kind][1] in report.reason
 
@@ -366,7 +366,7 @@ def test_probe_rejects_a_decode_kernel_wrong_only_for_one_token_steps(op):
         bad = o * 1.5
         return (bad, *result[1:]) if isinstance(result, tuple) else bad
 
-    report = numeric_probe.probe_op(op, wrong_steps, CPU, with_grad=False)
+    report = numeric_probe.probe_op(op, wrong_steps, CPU, with_grad=False, eager=eager)
     assert report.passed is False
     assert report.reason.startswith("pool_step." if op.endswith("_update") else "step."), report.reason
 
@@ -838,7 +838,7 @@ def test_probe_outside_the_limits_puts_the_refusal_on_record():
         seen.append(call.shapes.K)
         return _eager_chunk(call)
 
-    report = numeric_probe.probe_op(OP, kernel, CPU, refusal=refuse_small, outside_limits=(16, 16))
+    report = numeric_probe.probe_op(OP, kernel, CPU, eager=_eager_chunk, refusal=refuse_small, outside_limits=(16, 16))
     assert report.passed is True
     assert report.refused == {"dense at K=16, V=16": "takes K = 32 only, got K = 16"}
     assert 16 not in seen and seen
@@ -852,8 +852,8 @@ def test_probe_outside_the_limits_fails_a_kernel_that_takes_the_shape_and_gets_i
         o, state = _eager_chunk(call)
         return (o * 2, state) if call.shapes.K < 32 else (o, state)
 
-    assert numeric_probe.probe_op(OP, wrong_below_32, CPU).passed is True
-    report = numeric_probe.probe_op(OP, wrong_below_32, CPU, outside_limits=(16, 16))
+    assert numeric_probe.probe_op(OP, wrong_below_32, CPU, eager=_eager_chunk).passed is True
+    report = numeric_probe.probe_op(OP, wrong_below_32, CPU, eager=_eager_chunk, outside_limits=(16, 16))
     assert report.passed is False and report.reason.startswith("dense at K=16, V=16.out0: rel err")
 
 

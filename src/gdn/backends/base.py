@@ -13,6 +13,8 @@ from contextlib import AbstractContextManager
 from dataclasses import InitVar, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gdn.errors import describe_error
+
 if TYPE_CHECKING:
     from gdn.calls import Call
 
@@ -20,10 +22,6 @@ OpTable = Mapping[str, Callable]
 # the behaviour a subclass gives as methods and a plain Backend(...) may take as functions of the same
 # names and arguments (gdn.register_backend(Backend(name=..., ops=..., check=...)))
 HOOKS = ("loader", "check", "route", "compile_ahead", "watch")
-
-
-def describe_error(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
 
 
 def import_version(module: str) -> str:

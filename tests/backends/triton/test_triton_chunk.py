@@ -25,6 +25,7 @@ triton = pytest.importorskip("triton")
 
 from gdn import numeric_probe  # noqa: E402 - after TRITON_INTERPRET
 from gdn import resolve as resolver  # noqa: E402
+from gdn.backends.eager import EAGER  # noqa: E402
 from gdn.backends.triton import chunk as triton_chunk  # noqa: E402
 from gdn.backends.triton import chunk_index, compile_ahead  # noqa: E402
 from gdn.backends.triton import l2norm as triton_l2norm  # noqa: E402
@@ -1436,6 +1437,7 @@ def probe_calls(like) -> list:
             "chunk_gated_delta_rule",
             triton_chunk.chunk_gated_delta_rule,
             torch.device(DEVICE),
+            eager=EAGER.ops["chunk_gated_delta_rule"],
             like=like,
             compile_ahead=grab,
         )
