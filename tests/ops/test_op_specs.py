@@ -9,7 +9,8 @@ import torch
 
 import gdn
 from gdn import library
-from gdn.op_specs import BY_NAME, SPECS
+from gdn.calls import SPECS
+from gdn.op_specs import BY_NAME
 
 pytestmark = pytest.mark.probe
 
