@@ -50,11 +50,11 @@ def scaled_sum(spec: OpSpec, arguments: Arguments) -> ScaledSumCall:
 '''
 
 # its eager implementation: a function named like the op in an eager module
-EAGER = '''
+EAGER = """
 
 def scaled_sum(call) -> torch.Tensor:
     return (call.alpha * call.x.float() + call.y.float()).to(call.x.dtype)
-'''
+"""
 
 # its triton implementation, with the triton op table's line
 TRITON = '''"""scaled_sum in Triton: out = alpha * x + y over the flattened elements, in fp32."""
