@@ -89,12 +89,10 @@ def define(spec: OpSpec, build: Build) -> Callable[..., Call]:
 
 
 def builtin(spec: OpSpec, probe_cases: ProbeCases) -> Callable[[Build], Callable[..., Call]]:
-    """Declares a built-in op: its spec, its build (named like the op) and its numeric probe's cases;
-    the decorated build becomes the op's prepare (define)."""
+    """Declares a built-in op: its spec, its build and its numeric probe's cases; the decorated build
+    becomes the op's prepare (define), named like the op."""
 
     def declare(build: Build) -> Callable[..., Call]:
-        if build.__name__ != spec.name:
-            raise ValueError(f"builtin: expected a build named like its op {spec.name!r}, got {build.__name__!r}")
         op_specs.register(spec, built_in=True)
         SPECS.append(spec)
         CASES[spec.name] = probe_cases
