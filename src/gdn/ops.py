@@ -81,6 +81,8 @@ class PreparedPoolDecode:
         self._options = {name: arguments[name] for name in _SPEC.names[_SPEC.step_tensors :]}
         self._same = SameMetadata(tuple(arguments[name] for name in STEP_ARGUMENTS))
         self._step: Callable[..., torch.Tensor] | None = prepared_step(served)
+        # the public op under its name in this module when the step is prepared, as a caller reaches it
+        self._public: Callable[..., torch.Tensor] = globals()[OP]
 
     def __call__(
         self,
@@ -95,7 +97,7 @@ class PreparedPoolDecode:
         if not self._same(*tensors):
             self._refuse(metadata(tensors))  # unless only what torch's guard reads besides differs
         if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
-            return PUBLIC[OP](q, k, v, g, beta, self._pool, ssm_indices, **self._options)
+            return self._public(q, k, v, g, beta, self._pool, ssm_indices, **self._options)
         record_route(self.route, OP, q.dtype)
         return self._step(q, k, v, g, beta, self._pool, ssm_indices)
 
