@@ -24,8 +24,8 @@ import torch
 
 from gdn import _validate as check
 from gdn import op_specs
-from gdn.calls import PREPARE
-from gdn.op_specs import SPECS, CustomOp, OpSpec, Output
+from gdn.calls import PREPARE, SPECS
+from gdn.op_specs import CustomOp, OpSpec, Output
 from gdn.prepared import run_op
 
 NAMESPACE = "gdn"

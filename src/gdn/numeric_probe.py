@@ -11,8 +11,8 @@ call launches next, and the probe adds only its varlen cases' to a process's col
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from gdn.calls import PREPARE, Call, GdnCall
 from gdn.errors import describe_error
 from gdn.op_specs import BY_NAME
+from gdn.probe_cases import CASES, Case, ProbeClass
 
 DEFAULT_TOLERANCE = 5e-3
 # The least tolerance of a probe whose inputs are in half precision, per op: the chunk kernels keep
@@ -32,29 +33,6 @@ HALF_PRECISION_TOLERANCE = {
     "fused_recurrent_gated_delta_rule": {torch.bfloat16: 1e-3, torch.float16: 1e-3},
 }
 GDN_OPS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")
-
-
-@dataclass(frozen=True)
-class ProbeClass:
-    """The compile-time class of the gated-delta cases: input dtype (None: fp32), heads, head dims,
-    l2norm in the kernel, and whether the cases pass an initial state and ask for the final one (where
-    they do, one more packed case passes an initial state and does not ask: the call a backend that
-    cannot carry the final state's gradient takes), and the initial state's dtype (None: fp32; a kernel
-    that keeps its state in bf16 is probed with the call's bf16 state)."""
-
-    dtype: torch.dtype | None = None
-    H: int = 2
-    HV: int = 4
-    K: int = 32
-    V: int = 32
-    l2norm: bool = True
-    initial_state: bool = True
-    final_state: bool = True
-    state_dtype: torch.dtype | None = None
-
-    def record(self) -> dict[str, Any]:
-        state = str(self.state_dtype or torch.float32).removeprefix("torch.") if self.initial_state else None
-        return {**asdict(self), "dtype": str(self.dtype or torch.float32).removeprefix("torch."), "state_dtype": state}
 
 
 def probe_class(like: Call | None) -> ProbeClass:
@@ -95,147 +73,11 @@ class ProbeReport:
         }
 
 
-@dataclass
-class Case:
-    """User-level arguments of one op call; `grad` names the inputs whose gradients are compared. A
-    `fallback` case runs only where the backend refused every case before it (it would compile
-    binaries the asking call does not launch)."""
-
-    name: str
-    args: dict[str, Any]
-    grad: tuple[str, ...] = ()
-    fallback: bool = False
-
-
-# the cases of an op added beside the built-in ones (gdn.op_registration), from the probe's generator
-ADDED_CASES: dict[str, Callable[[torch.Generator], Iterable[Case]]] = {}
-
-
 def _cases(op: str, gen: torch.Generator, cls: ProbeClass) -> Iterator[Case]:
-    K, V, H, HV = cls.K, cls.V, cls.H, cls.HV
-
-    def randn(*shape, scale=1.0):
-        return torch.randn(*shape, generator=gen) * scale
-
-    def gdn_inputs(B, T):
-        q, k = randn(B, T, H, K), randn(B, T, H, K)
-        if not cls.l2norm:
-            # a call that does not normalise in the kernel has normalised q and k before it (the state
-            # of the delta rule grows without bound for |k| > 1: at K = 128 the outputs overflow)
-            q, k = torch.nn.functional.normalize(q, dim=-1), torch.nn.functional.normalize(k, dim=-1)
-        return dict(
-            q=q,
-            k=k,
-            v=randn(B, T, HV, V),
-            g=-torch.rand(B, T, HV, generator=gen) * 0.5,
-            beta=torch.rand(B, T, HV, generator=gen),
-        )
-
-    if op in GDN_OPS:
-        grads = BY_NAME[op].grads if op == "chunk_gated_delta_rule" else ()
-        dense = gdn_inputs(2, 80)
-        if cls.initial_state:
-            dense["initial_state"] = randn(2, HV, K, V, scale=0.1)
-        yield Case(
-            "dense",
-            dict(**dense, output_final_state=cls.final_state, use_qk_l2norm_in_kernel=cls.l2norm),
-            tuple(name for name in grads if name in dense),
-        )
-        # Packed sequences in the same class: whether a call is packed is a runtime argument of a
-        # compiled kernel, so these cases compile nothing the class's own call would not launch.
-        lens = torch.tensor([0, 17, 17, 90, 130])
-        varlen = dict(**gdn_inputs(1, 130), cu_seqlens=lens, use_qk_l2norm_in_kernel=cls.l2norm)
-        states = {"initial_state": randn(4, HV, K, V)} if cls.initial_state else {}
-        yield Case(
-            "varlen",
-            dict(**varlen, **states, output_final_state=cls.final_state),
-            tuple(name for name in grads if name in varlen or name in states),
-        )
-        if cls.final_state:
-            # without the final state: the call a backend that cannot return the final state's gradient
-            # still takes, where it refused the two above
-            yield Case(
-                "varlen_state_in",
-                dict(
-                    **gdn_inputs(1, 130),
-                    cu_seqlens=lens,
-                    initial_state=randn(4, HV, K, V, scale=0.1),
-                    use_qk_l2norm_in_kernel=cls.l2norm,
-                ),
-                grads,
-                fallback=True,
-            )
-        if op == "fused_recurrent_gated_delta_rule":
-            # one token per sequence: a decode step, which a backend may serve by a path of its own
-            yield Case(
-                "step",
-                dict(
-                    **gdn_inputs(3, 1),
-                    initial_state=randn(3, HV, K, V, scale=0.1),
-                    output_final_state=True,
-                    use_qk_l2norm_in_kernel=cls.l2norm,
-                ),
-            )
-    elif op == "fused_recurrent_gated_delta_rule_update":
-        for name, T in (("pool", 2), ("pool_step", 1)):  # several tokens, and a decode step's one
-            yield Case(
-                name,
-                dict(
-                    **gdn_inputs(3, T),
-                    ssm_pool=randn(5, 4, K, V, scale=0.1),
-                    ssm_indices=torch.tensor([3, -1, 0], dtype=torch.int32),
-                    use_qk_l2norm_in_kernel=True,
-                ),
-            )
-    elif op == "causal_conv1d_fn":
-        yield Case(
-            "dense",
-            dict(
-                x=randn(2, 64, 37),
-                weight=randn(64, 4),
-                bias=randn(64),
-                activation="silu",
-                initial_states=randn(2, 64, 3),
-            ),
-            ("x", "weight", "bias", "initial_states"),
-        )
-        yield Case(
-            "varlen",
-            dict(
-                x=randn(64, 40),
-                weight=randn(64, 4),
-                bias=randn(64),
-                activation="silu",
-                query_start_loc=torch.tensor([0, 2, 2, 40], dtype=torch.int32),
-                conv_states=randn(4, 64, 3),
-                cache_indices=torch.tensor([2, 0, 1]),
-                has_initial_state=torch.tensor([True, False, True]),
-            ),
-        )
-    elif op == "causal_conv1d_update":
-        yield Case(
-            "pool",
-            dict(
-                x=randn(3, 64),
-                conv_state=randn(4, 64, 4),
-                weight=randn(64, 4),
-                bias=randn(64),
-                activation="silu",
-                conv_state_indices=torch.tensor([1, -1, 3], dtype=torch.int32),
-            ),
-        )
-    elif op == "l2norm":
-        yield Case("rows", dict(x=randn(3, 70, 128)), ("x",))
-    elif op == "fused_gdn_gating":
-        yield Case(
-            "tokens",
-            dict(A_log=randn(8, scale=0.5), a=randn(70, 8), b=randn(70, 8), dt_bias=randn(8, scale=0.5)),
-            ("a", "b", "A_log", "dt_bias"),
-        )
-    elif op in ADDED_CASES:
-        yield from ADDED_CASES[op](gen)
-    else:
+    cases = CASES.get(op)
+    if cases is None:
         raise ValueError(f"numeric probe: unknown op {op!r}")
+    yield from cases(gen, cls)
 
 
 def _outputs(result: Any) -> list[torch.Tensor | None]:

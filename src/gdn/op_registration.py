@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from gdn import calls, library, numeric_probe, op_specs, resolve
+from gdn import calls, library, op_specs, resolve
 from gdn.backends.eager import EAGER
-from gdn.numeric_probe import Case
 from gdn.op_specs import OpSpec
 from gdn.ops import _public
+from gdn.probe_cases import CASES, Case
 
 
 def register_op(
@@ -35,7 +35,7 @@ def register_op(
     library.register(spec)
     EAGER.ops[spec.name] = eager
     if probe_cases is not None:
-        numeric_probe.ADDED_CASES[spec.name] = probe_cases
+        CASES[spec.name] = lambda generator, _asking_class: probe_cases(generator)
     return _public(prepare)
 
 
@@ -46,5 +46,5 @@ def unregister_op(name: str) -> None:
     del calls.PREPARE[name]
     library.unregister(spec)
     del EAGER.ops[name]
-    numeric_probe.ADDED_CASES.pop(name, None)
+    CASES.pop(name, None)
     resolve.reset()

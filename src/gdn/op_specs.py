@@ -2,9 +2,11 @@
 tensors are read densely), what it returns and writes in place, what a peer library calls it, and the
 custom ops (gdn.library) it becomes inside torch.compile. The public signatures (gdn.ops), the binding
 of a call to its arguments (gdn.calls), the custom-op schemas and fakes (gdn.library), the step cache's
-tensors (gdn.prepared) and the transformers integration's names all read these.
+tensors (gdn.prepared) and the transformers integration's names all read these. The built-in ops'
+specs are declared where their calls are (gdn.calls), each beside its call type, validation and
+numeric probe cases; this module is the language they are written in and the table of every op.
 
-Kept free of torch, so that configuration code can read the op names (gdn.op_names)."""
+Kept free of torch, so that configuration code can import it."""
 
 from __future__ import annotations
 
@@ -194,175 +196,29 @@ class OpSpec:
         )
 
 
-def _refused(name: str, kind: str, feature: str) -> Arg:
+def refused_feature(name: str, kind: str, feature: str) -> Arg:
     """A peer's keyword for a feature gdn does not implement: its default passes, anything else is
     refused by name rather than ignored."""
     return Arg(name, kind, False if kind == "bool" else None, True, carried=False, refused=feature)
 
 
-_GATED_TOKENS = (Arg("q"), Arg("k"), Arg("v"), Arg("g"))
-_FLA_REFUSED = (
-    _refused("use_beta_sigmoid_in_kernel", "bool", "beta = sigmoid(beta) in the kernel"),
-    _refused("allow_neg_eigval", "bool", "beta scaled to (0, 2)"),
-)
-_IN_KERNEL_GATE = "the gate computed in the kernel"
-_GDN_OUTPUTS = (Output("o", like="v"), Output("final_state", None, "float32", asked_by="output_final_state"))
-_GDN_GRADS = ("q", "k", "v", "g", "beta", "initial_state")
+# every op by name: the built-in ones (declared with their calls, gdn.calls), then those register_op adds
+# (gdn.op_registration)
+BY_NAME: dict[str, OpSpec] = {}
+_BUILT_IN: set[str] = set()
 
 
-_CHUNK_ARGS = (
-    *_GATED_TOKENS,
-    Arg("beta"),
-    Arg("scale", "float", None),
-    Arg("initial_state", "Tensor", None),
-    Arg("output_final_state", "bool", False),
-    Arg("cu_seqlens", "Tensor", None, True, dense=True),
-    Arg("use_qk_l2norm_in_kernel", "bool", False, True),
-    Arg("head_first", "bool", False, True, carried=False),
-    *_FLA_REFUSED,
-    Arg("state_v_first", "bool", False, True),
-    _refused("cu_seqlens_cpu", "Tensor", "a host copy of cu_seqlens; pass cu_seqlens only"),
-    _refused("chunk_indices", "Tensor", "precomputed chunk indices; they follow from cu_seqlens"),
-    _refused("cp_context", "object", "context parallelism"),
-)
-_RECURRENT_ARGS = (
-    *_GATED_TOKENS,
-    Arg("beta", keyword_only=True),
-    Arg("scale", "float", None, True),
-    Arg("initial_state", "Tensor", None, True),
-    Arg("output_final_state", "bool", False, True),
-    Arg("cu_seqlens", "Tensor", None, True, dense=True),
-    Arg("use_qk_l2norm_in_kernel", "bool", False, True),
-    Arg("head_first", "bool", False, True, carried=False),
-    _refused("gk", "Tensor", "a per-key gate"),
-    _refused("gv", "Tensor", "a per-value gate"),
-    _refused("use_gate_in_kernel", "bool", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating computes g)"),
-    _refused("A_log", "Tensor", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating takes A_log)"),
-    _refused("dt_bias", "Tensor", f"{_IN_KERNEL_GATE} (gdn.fused_gdn_gating takes dt_bias)"),
-    *_FLA_REFUSED,
-    Arg("state_v_first", "bool", False, True),
-)
-_CONV_FN_ARGS = (
-    Arg("x"),
-    Arg("weight", dense=True),
-    Arg("bias", "Tensor", None, dense=True),
-    Arg("activation", "str", None, True),
-    Arg("seq_idx", "Tensor", None, True, dense=True),
-    Arg("initial_states", "Tensor", None, True),
-    Arg("return_final_states", "bool", False, True),
-    _refused("final_states_out", "Tensor", "a preallocated final-state output"),
-    Arg("query_start_loc", "Tensor", None, True, dense=True),
-    Arg("conv_states", "Tensor", None, True),
-    Arg("cache_indices", "Tensor", None, True, dense=True),
-    Arg("has_initial_state", "Tensor", None, True, dense=True),
-)
-_CONV_OUTPUTS = (Output("out", like="x"), Output("final_states", None, asked_by="return_final_states", dropped=True))
-_CONV_GRADS = ("x", "weight", "bias", "initial_states")
-
-SPECS = (
-    OpSpec(
-        "chunk_gated_delta_rule",
-        _CHUNK_ARGS,
-        _GDN_OUTPUTS,
-        _GDN_GRADS,
-        peer_positional=("fla", "use_qk_l2norm_in_kernel"),
-        transformers=("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
-    ),
-    OpSpec(
-        "fused_recurrent_gated_delta_rule",
-        _RECURRENT_ARGS,
-        _GDN_OUTPUTS,
-        _GDN_GRADS,
-        peer_positional=("fla", "gk"),
-        transformers=("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
-    ),
-    OpSpec(
-        "fused_recurrent_gated_delta_rule_update",
-        (
-            *_GATED_TOKENS,
-            Arg("beta"),
-            Arg("ssm_pool"),
-            Arg("ssm_indices", dense=True),
-            Arg("scale", "float", None),
-            Arg("cu_seqlens", "Tensor", None, dense=True),
-            Arg("use_qk_l2norm_in_kernel", "bool", False),
-            Arg("state_v_first", "bool", False, True),
-        ),
-        (Output("o", like="v"),),
-        mutates=("ssm_pool",),
-        step_tensors=7,  # q, k, v, g, beta, ssm_pool, ssm_indices
-    ),
-    OpSpec(
-        "causal_conv1d_fn",
-        _CONV_FN_ARGS,
-        _CONV_OUTPUTS,
-        _CONV_GRADS,
-        mutates=("conv_states",),
-        forms=(
-            CustomOp(
-                "causal_conv1d_fn",
-                ("x", "weight", "bias", "activation", "seq_idx", "initial_states", "return_final_states"),
-                _CONV_OUTPUTS,
-                _CONV_GRADS,
-            ),
-            # the varlen form writes its conv-state pool: an inference op of its own (no autograd with a mutation)
-            CustomOp(
-                "causal_conv1d_fn_varlen",
-                (
-                    "x",
-                    "weight",
-                    "bias",
-                    "activation",
-                    "query_start_loc",
-                    "conv_states",
-                    "cache_indices",
-                    "has_initial_state",
-                ),
-                (Output("out", like="x"),),
-                required=("query_start_loc",),
-                selected_by="query_start_loc",
-            ),
-        ),
-        peer_positional=("causal-conv1d", "seq_idx"),
-        transformers=("causal_conv1d_fn", "causal_conv1d_fn"),
-    ),
-    OpSpec(
-        "causal_conv1d_update",
-        (
-            Arg("x"),
-            Arg("conv_state"),
-            Arg("weight", dense=True),
-            Arg("bias", "Tensor", None, dense=True),
-            Arg("activation", "str", None),
-            Arg("conv_state_indices", "Tensor", None, True, dense=True),
-            _refused("cache_seqlens", "Tensor", "a circular conv-state buffer"),
-        ),
-        (Output("out", like="x"),),
-        mutates=("conv_state",),
-        peer_positional=("causal-conv1d", "cache_seqlens"),
-        transformers=("causal_conv1d_update", "causal_conv1d_update"),
-    ),
-    OpSpec("l2norm", (Arg("x"), Arg("eps", "float", 1e-6)), (Output("y", like="x"),), ("x",)),
-    OpSpec(
-        "fused_gdn_gating",
-        (Arg("A_log", dense=True), Arg("a"), Arg("b"), Arg("dt_bias", dense=True)),
-        (Output("g", like="a", dtype="float32"), Output("beta", like="b")),
-        ("A_log", "a", "b", "dt_bias"),
-    ),
-)
-# every op by name: the built-in ones, then those register() adds (gdn.op_registration)
-BY_NAME = {spec.name: spec for spec in SPECS}
-
-
-def register(spec: OpSpec) -> None:
-    """Add an op beside the built-in ones; its name is taken for the process."""
+def register(spec: OpSpec, *, built_in: bool = False) -> None:
+    """Add an op (a built-in one: never unregistered); its name is taken for the process."""
     if spec.name in BY_NAME:
         raise ValueError(f"register: argument 'spec' expected an op of a new name, got {spec.name!r}, already an op")
     BY_NAME[spec.name] = spec
+    if built_in:
+        _BUILT_IN.add(spec.name)
 
 
 def unregister(name: str) -> OpSpec:
     """Remove an op register() added (a built-in op stays); returns its spec."""
-    if name not in BY_NAME or any(spec.name == name for spec in SPECS):
+    if name not in BY_NAME or name in _BUILT_IN:
         raise ValueError(f"unregister: argument 'name' expected an op register() added, got {name!r}")
     return BY_NAME.pop(name)

@@ -37,13 +37,9 @@ def _public(prepare: Callable[..., calls.Call]) -> Callable:
     return run
 
 
-chunk_gated_delta_rule = _public(calls.chunk_gated_delta_rule)
-fused_recurrent_gated_delta_rule = _public(calls.fused_recurrent_gated_delta_rule)
-fused_recurrent_gated_delta_rule_update = _public(calls.fused_recurrent_gated_delta_rule_update)
-causal_conv1d_fn = _public(calls.causal_conv1d_fn)
-causal_conv1d_update = _public(calls.causal_conv1d_update)
-l2norm = _public(calls.l2norm)
-fused_gdn_gating = _public(calls.fused_gdn_gating)
+# every built-in op's public function, named like the op (gdn exports them by gdn.op_names)
+PUBLIC = {spec.name: _public(calls.PREPARE[spec.name]) for spec in calls.SPECS}
+globals().update(PUBLIC)
 
 
 # A decode step prepared once: `fused_recurrent_gated_delta_rule_update` validated and resolved for one
@@ -85,6 +81,8 @@ class PreparedPoolDecode:
         self._options = {name: arguments[name] for name in _SPEC.names[_SPEC.step_tensors :]}
         self._same = SameMetadata(tuple(arguments[name] for name in STEP_ARGUMENTS))
         self._step: Callable[..., torch.Tensor] | None = served.step
+        # the public op under its name in this module when the step is prepared, as a caller reaches it
+        self._public: Callable[..., torch.Tensor] = globals()[OP]
 
     def __call__(
         self,
@@ -99,7 +97,7 @@ class PreparedPoolDecode:
         if not self._same(*tensors):
             self._refuse(metadata(tensors))  # unless only what torch's guard reads besides differs
         if self._step is None or torch.compiler.is_compiling() or (torch.is_grad_enabled() and _wants_grad(tensors)):
-            return fused_recurrent_gated_delta_rule_update(q, k, v, g, beta, self._pool, ssm_indices, **self._options)
+            return self._public(q, k, v, g, beta, self._pool, ssm_indices, **self._options)
         record_route(self.route, OP, q.dtype)
         return self._step(q, k, v, g, beta, self._pool, ssm_indices)
 

@@ -22,8 +22,8 @@ import torch
 
 from gdn import _validate as check
 from gdn import dispatch
+from gdn.calls import SPECS
 from gdn.kernel_log import record_route
-from gdn.op_specs import SPECS
 from gdn.resolve import Resolution, decided
 from gdn.tensor_metadata import SameMetadata, metadata
 

@@ -18,9 +18,9 @@ from gdn._validate import Checker
 from gdn.backends.base import Backend
 from gdn.backends.eager import EAGER
 from gdn.calls import PREPARE, Arguments, Call
-from gdn.numeric_probe import Case
 from gdn.op_registration import register_op, unregister_op
 from gdn.op_specs import Arg, OpSpec, Output
+from gdn.probe_cases import Case
 from reference import rel_err
 
 pytestmark = pytest.mark.probe

@@ -9,7 +9,8 @@ import torch
 
 import gdn
 from gdn import library
-from gdn.op_specs import BY_NAME, SPECS
+from gdn.calls import SPECS
+from gdn.op_specs import BY_NAME
 
 pytestmark = pytest.mark.probe
 
@@ -176,3 +177,20 @@ def test_the_fakes_lay_out_what_the_op_returns(output_final_state, state_v_first
     with torch.no_grad():
         real = library._as_outputs(gdn.chunk_gated_delta_rule(**values), 2)
     assert [(t.shape, t.dtype, t.stride()) for t in fakes] == [(t.shape, t.dtype, t.stride()) for t in real]
+
+
+def test_the_op_names_read_without_torch_are_the_declared_specs_in_their_order():
+    from gdn.op_names import OP_NAMES
+    from gdn.ops import PUBLIC
+
+    assert tuple(spec.name for spec in SPECS) == OP_NAMES
+    assert tuple(BY_NAME)[: len(SPECS)] == OP_NAMES
+    assert tuple(PUBLIC) == OP_NAMES
+
+
+def test_a_declaration_whose_name_is_not_a_literal_is_an_error_naming_its_line():
+    from gdn.op_names import _declared
+
+    assert _declared('X = 1\nOpSpec("b", ())\nOpSpec(\n    "a", ()\n)\n') == ("b", "a")
+    with pytest.raises(ValueError, match=r"^gdn.calls line 2: expected an OpSpec whose first argument is its name$"):
+        _declared('NAME = "a"\nOpSpec(NAME, ())\n')

@@ -48,7 +48,7 @@ from packaging.version import Version
 
 import gdn
 from gdn import resolve as gdn_resolve
-from gdn.op_specs import SPECS
+from gdn.calls import SPECS
 
 MIN_TRANSFORMERS = "5.2"  # the first release with Qwen3.5
 

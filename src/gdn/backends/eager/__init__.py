@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gdn.backends.base import Backend, OpTable
 from gdn.backends.eager import conv, gated_delta, pointwise
 from gdn.backends.registry import Registration
-from gdn.op_specs import SPECS
+from gdn.calls import SPECS
 
 # every built-in op's implementation: the function of the op's name in one of these modules
 OPS = {

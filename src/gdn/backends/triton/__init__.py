@@ -8,6 +8,8 @@ missing or broken Triton is a rejection reason, not an import error of gdn.
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,24 +91,12 @@ class TritonBackend(Backend):
     def loader(self) -> OpTable:
         import triton  # noqa: F401 - its ImportError is the reason the backend is unavailable
 
-        from gdn.backends.triton.chunk import chunk_gated_delta_rule
-        from gdn.backends.triton.conv import causal_conv1d_fn, causal_conv1d_update
-        from gdn.backends.triton.decode import (
-            fused_recurrent_gated_delta_rule,
-            fused_recurrent_gated_delta_rule_update,
-        )
-        from gdn.backends.triton.gating import fused_gdn_gating
-        from gdn.backends.triton.l2norm import l2norm
-
-        return {
-            "chunk_gated_delta_rule": chunk_gated_delta_rule,
-            "l2norm": l2norm,
-            "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
-            "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
-            "causal_conv1d_fn": causal_conv1d_fn,
-            "causal_conv1d_update": causal_conv1d_update,
-            "fused_gdn_gating": fused_gdn_gating,
-        }
+        # every module of this package may serve ops: its `OPS` names them (a new kernel module is
+        # picked up with nothing to add here)
+        table: OpTable = {}
+        for module in pkgutil.iter_modules(__path__):
+            table.update(getattr(importlib.import_module(f"{__name__}.{module.name}"), "OPS", {}))
+        return table
 
     def compile_ahead(self, op: str, calls: list, meanwhile: Callable[[], object]) -> None:
         if op == "chunk_gated_delta_rule":  # the one op of many kernels, each compiled per kernel class

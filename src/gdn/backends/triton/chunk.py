@@ -272,3 +272,7 @@ def compile_calls_ahead(calls: list[GdnCall], meanwhile: Callable[[], object] | 
 def _each(steps: list[functools.partial]) -> None:
     for step in steps:
         step()
+
+
+# the ops this module serves in the triton backend's table (TritonBackend.loader)
+OPS = {"chunk_gated_delta_rule": chunk_gated_delta_rule}

@@ -546,3 +546,7 @@ def causal_conv1d_update(call: ConvUpdateCall):
             num_warps=STATE_WARPS,
         )
     return out.squeeze(-1) if squeeze else out
+
+
+# the ops this module serves in the triton backend's table (TritonBackend.loader)
+OPS = {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update}

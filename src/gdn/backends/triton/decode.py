@@ -711,3 +711,9 @@ def prepare_pool_update(call: PoolDecodeCall) -> Callable[..., torch.Tensor]:
 
 # how gdn.prepared finds it: an implementation's own prepared step
 fused_recurrent_gated_delta_rule_update.prepare = prepare_pool_update
+
+# the ops this module serves in the triton backend's table (TritonBackend.loader)
+OPS = {
+    "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
+    "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
+}

@@ -101,3 +101,7 @@ def fused_gdn_gating(call: GatingCall):
                 num_warps=num_warps_for(BR * BH),
             )
     return g, beta
+
+
+# the ops this module serves in the triton backend's table (TritonBackend.loader)
+OPS = {"fused_gdn_gating": fused_gdn_gating}
