@@ -28,7 +28,7 @@ from gdn.matrix import accuracy, cli, kernels, report_build, report_html, report
 from gdn.matrix import cell as cell_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.schema import CellOutcome, Failure
+from gdn.matrix.schema import CellOutcome, Failure, FailureRerun, RerunAttempt, RerunsFile
 from repo_paths import ROOT as REPO
 from report_models import typed
 
@@ -237,6 +237,7 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
     assert cli.main(["schema", "--output", str(out)]) == 0
     names = {p.name for p in out.iterdir()}
     files = ("cell", "interrupted", "manifest", "resolution", "bench", "kernels", "accuracy", "report", "history_entry")
+    files += ("reruns",)
     assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
     directory = _cell_dir(root, "a")
@@ -247,7 +248,11 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "report": tmp_path / "out" / "report.json",
         "kernels": tmp_path / "kernels.json",
         "accuracy": tmp_path / "accuracy.json",
+        "reruns": tmp_path / "reruns.json",
     }
+    attempts = [RerunAttempt(7, False, "failed", 1.5, "rel err"), RerunAttempt(8, True, "passed", 1.2)]
+    failure = FailureRerun("tests/t.py::test_x", "failed", "seed_dependent", 7, "passed with seed 8", attempts)
+    RerunsFile([failure], 10, 2, 3, 600.0, 3.0, True).write(tmp_path)
     entry = KernelEntry("fla", "common.chunk_bwd_dqkwg", "float32", "tilelang", (("x", "why"),), "numeric probe")
     kernels.add_step(written["kernels"], "tests", Counter({entry: 2}))
     accuracy.main(["--ops", "causal_conv1d_update", "--output", str(written["accuracy"])])
