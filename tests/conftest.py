@@ -52,6 +52,7 @@ def _fresh_resolution():
 
 @pytest.fixture
 def gen(request) -> torch.Generator:
+    # imported here: the sessions that run tests/ci alone may not have gdn on the path
     from gdn.matrix.outcomes import draw_seed
 
     return torch.Generator().manual_seed(draw_seed(request.node))

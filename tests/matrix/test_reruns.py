@@ -250,3 +250,34 @@ def test_a_failure_without_recorded_reruns_is_not_rerun(tmp_path):
     (root / "toy" / reruns.FILE).unlink()
     failure = build_report(root).cells[0].failures[0]
     assert (failure.label, failure.label_reason, failure.seed) == ("not_rerun", "no reruns.json", 7)
+
+
+def test_the_cell_entry_reruns_its_failures_and_a_cell_failing_only_flakily_exits_flaky(tmp_path, monkeypatch):
+    """The entry's own pytest step over a suite whose one failure is flaky, then its rerun step: exit
+    status 3, which the runner reads as flaky. The probe and the accuracy table are not this test's."""
+    from gdn.matrix import entry
+
+    tests = tmp_path / "suite" / "tests"
+    tests.mkdir(parents=True)
+    (tests / "conftest.py").write_text(TOY_CONFTEST)
+    flaky = TOY_TESTS[TOY_TESTS.index("def test_flaky") : TOY_TESTS.index("def test_unseeded")]
+    (tests / "test_toy.py").write_text(
+        "import os\nfrom pathlib import Path\nimport pytest\n\n\n@pytest.mark.single_op\n" + flaky
+    )
+    for name, value in {**_toy_env(tmp_path), "TMPDIR": str(tmp_path), "GDN_TEST_WORKERS": "0"}.items():
+        monkeypatch.setenv(name, value)
+    step = entry._step
+
+    def only_the_tests(name, command, cwd, env):
+        return step(name, command, cwd, env) if name == "pytest" else {"step": name, "exit_code": 0, "duration_s": 0}
+
+    monkeypatch.setattr(entry, "_step", only_the_tests)
+    out = tmp_path / "out"
+    args = entry.PROGRAM.parser().parse_args(["--cell", "toy", "--out", str(out), "--families", "single_op"])
+    args.tests = tests
+    code = entry._run(args)
+    record, _ = load_file(RerunsFile, out / reruns.FILE)
+    assert [(f.label, len(f.attempts)) for f in record.failures] == [("flaky", 1)]
+    assert code == reruns.FLAKY_EXIT and status_of(code) == "flaky"
+    steps = json.loads((out / "entry.json").read_text())["steps"]
+    assert [s["step"] for s in steps] == ["manifest", "accuracy", "pytest", "reruns"]

@@ -1,6 +1,6 @@
 """Flaky or real: rerun a cell's failing tests inside the cell's own run and label each failure.
 
-The cell entry calls `rerun_failures` once pytest has failed (gdn.matrix.entry), so the reruns run in
+The cell entry calls `rerun_cell_failures` once pytest has failed (gdn.matrix.entry), so the reruns run in
 the cell's runtime (its container, or the host for a host-runtime run) and within its timeout. Each
 failing test of tests.jsonl is rerun alone, in a pytest of its own: first with the seed it failed with
 (GDN_TEST_SEED, gdn.matrix.outcomes.draw_seed), then with fresh seeds. Its label:
@@ -42,7 +42,7 @@ MAX_TESTS = 10
 SAME_SEED_RERUNS = 2
 FRESH_SEED_RERUNS = 3
 BUDGET_S = 600.0
-# the label of a cell whose every failure is flaky: the cell entry's exit status for it
+# the cell entry's exit status when tests failed and every failure is flaky (gdn.matrix.results.status_of)
 FLAKY_EXIT = 3
 
 
