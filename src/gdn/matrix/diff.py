@@ -387,7 +387,7 @@ def _slowdowns(diff: ReportDiff, name: str, old: ReportCell, new: ReportCell) ->
         judged = speed_gate.judge(old_ms, history.get(key, []) if history is not None else None, diff.threshold)
         if judged is None:
             continue
-        rule = "trailing median" if judged.rule.startswith("median") else "old report"
+        rule = "trailing median" if judged.by_history else "old report"
         diff.speed_rules[rule] = diff.speed_rules.get(rule, 0) + 1
         slowdown = Slowdown(name, label, judged.baseline_ms, new_ms, judged.rule, judged.allowed)
         if slowdown.ratio > judged.allowed:

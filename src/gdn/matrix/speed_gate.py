@@ -35,11 +35,13 @@ SPREAD_K = 3.0
 
 @dataclass(frozen=True)
 class Judged:
-    """A row's baseline and the rule that gave it; `allowed` is the fraction above it that is not slower."""
+    """A row's baseline and the rule that gave it; `allowed` is the fraction above it that is not slower;
+    `by_history` whether the baseline is the history's trailing median (else the old report's time)."""
 
     baseline_ms: float
     allowed: float
     rule: str
+    by_history: bool = False
 
 
 def trailing_reports(history: Path, before: str) -> tuple[list[Report], list[str]]:
@@ -76,7 +78,7 @@ def judge(old_ms: float | None, history: list[float] | None, threshold: float) -
         spread = statistics.median(abs(ms - median) for ms in history)
         allowed = max(threshold, SPREAD_K * spread / median)
         rule = f"median of {len(history)} reports (MAD {spread:.3g} ms)"
-        return Judged(median, allowed, rule)
+        return Judged(median, allowed, rule, by_history=True)
     if old_ms is None:
         return None
     if history is None:
