@@ -35,6 +35,8 @@ COMMANDS = {
         "--skip-not-run": "flag",
         "--pair": "append",
         "--accuracy-factor": "value",
+        "--gate-flaky": "flag",
+        "--history": "value",
         "--no-fail": "flag",
         "--output": "value",
     },

@@ -28,7 +28,7 @@ from gdn.matrix import accuracy, cli, kernels, report_build, report_html, report
 from gdn.matrix import cell as cell_mod
 from gdn.matrix.config import parse_matrix
 from gdn.matrix.jsonio import write_json
-from gdn.matrix.schema import CellOutcome, Failure
+from gdn.matrix.schema import CellOutcome, Failure, FailureRerun, RerunAttempt, RerunsFile
 from repo_paths import ROOT as REPO
 from report_models import typed
 
@@ -247,6 +247,7 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "report",
         "history_entry",
         "bisect",
+        "reruns",
     )
     assert names == {f"{n}.schema.json" for n in files}
     root = tmp_path / "results"
@@ -260,7 +261,11 @@ def test_published_schemas_validate_what_the_tooling_writes(tmp_path):
         "accuracy": tmp_path / "accuracy.json",
         # the bisect demonstration's result, as `gdn-matrix bisect` wrote it
         "bisect": REPO / "bench" / "results" / "bisect-cpu-2026-12-05.json",
+        "reruns": tmp_path / "reruns.json",
     }
+    attempts = [RerunAttempt(7, False, "failed", 1.5, "rel err"), RerunAttempt(8, True, "passed", 1.2)]
+    failure = FailureRerun("tests/t.py::test_x", "failed", "seed_dependent", 7, "passed with seed 8", attempts)
+    RerunsFile([failure], 10, 2, 3, 600.0, 3.0, True).write(tmp_path)
     entry = KernelEntry("fla", "common.chunk_bwd_dqkwg", "float32", "tilelang", (("x", "why"),), "numeric probe")
     kernels.add_step(written["kernels"], "tests", Counter({entry: 2}))
     accuracy.main(["--ops", "causal_conv1d_update", "--output", str(written["accuracy"])])

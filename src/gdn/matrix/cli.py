@@ -47,7 +47,9 @@ def _run_cell(args: argparse.Namespace) -> int:
         print(f"gdn-matrix run: cell {args.cell} {exc}; recorded in its interrupted.json", file=sys.stderr)
         return 128 + exc.signum
     print(f"cell {cell.name}: {outcome.status}" + (f" ({outcome.reason})" if outcome.reason else ""))
-    return {"passed": 0, "not_run": EXIT_NOT_RUN if args.require_run else 0, "failed": 1}.get(outcome.status, 2)
+    # a flaky cell's tests failed: its run fails as a failed one does, and the report says flaky
+    exits = {"passed": 0, "not_run": EXIT_NOT_RUN if args.require_run else 0, "failed": 1, "flaky": 1}
+    return exits.get(outcome.status, 2)
 
 
 def _add_run(commands) -> None:

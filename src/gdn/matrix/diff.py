@@ -8,6 +8,12 @@ is unusable). `--pair OLD_CELL=NEW_CELL` compares two differently named cells in
 against the candidate cell that adds or upgrades a wheel). A lock change is shown, never a regression by itself;
 a peer's kernel change regresses only when a slowdown or a resolution loss of its cell comes with it.
 
+A newly failing test regresses when its reruns labelled it deterministic, or did not settle it (not
+rerun, or a report without labels); one labelled flaky or seed-dependent is listed as news, and so is a
+cell whose status moved to flaky or failed on such failures alone, unless `--gate-flaky`. With
+`--history DIR` a benchmark row is judged against its trailing median in the history and that median's
+spread where the history has enough reports of it (gdn.matrix.speed_gate), else against the old report.
+
 What the diff cannot read it refuses (exit 2, naming the file and the field) rather than leave out of
 the comparison: a report past its size cap or not a regular file, not strict JSON (a NaN), nested past
 a limit, not the report.json schema, a timing that is not a finite number of ms above 0.
@@ -16,7 +22,6 @@ a limit, not the report.json schema, a timing that is not a finite number of ms 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import traceback
@@ -25,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gdn.backends import fla_choices
-from gdn.matrix import accuracy_report, schema, speed
+from gdn.matrix import accuracy_report, schema, speed, speed_gate
 from gdn.matrix.accuracy_report import DEFAULT_FACTOR, AccuracyRegression
 from gdn.matrix.accuracy_report import regressions as accuracy_regressions
+from gdn.matrix.history_store import HistoryError
 from gdn.matrix.jsonio import (
     REPORT_FILE_MAX_BYTES,
     UnreadableFileError,
@@ -39,17 +45,19 @@ from gdn.matrix.jsonio import (
 from gdn.matrix.kernel_report import ComparisonLoss, KernelCallChange, comparison_losses, kernel_call_changes
 from gdn.matrix.markdown import fit_summary, md_cell, md_table
 from gdn.matrix.program import Program
-from gdn.matrix.report_text import UNMARKED_FAMILY, bench_label, expectation_text
+from gdn.matrix.report_text import UNMARKED_FAMILY, expectation_text, label_word
 from gdn.matrix.results import STATUS_RANK
 from gdn.matrix.schema import (
     Expectation,
     Failure,
+    FailureLabel,
     Rejection,
     Report,
     ReportCell,
     ResolutionEntry,
     shape_text,
 )
+from gdn.matrix.speed import bench_index
 
 DEFAULT_THRESHOLD = 0.10
 EXIT_OK, EXIT_REGRESSION, EXIT_UNUSABLE = 0, 1, 2
@@ -59,13 +67,16 @@ EXIT_CODES = f"""exit status:
   {EXIT_UNUSABLE}  unusable input: a report that cannot be read or does not validate against the report.json
      schema (`gdn-matrix schema report`), a NaN, nesting past 64 levels, a timing that is not a
      finite number of ms > 0, two cells of one name, a bad --threshold, a --pair cell that is not
-     there, an --output that cannot be written"""
+     there, an --output that cannot be written, a --history that is not a directory"""
 
 
 # an (op, device) a report has no resolution for
 NOT_RESOLVED = ResolutionEntry()
 # statuses of a cell that ran its probe and its tests: its resolutions are known
-GOT_TO_TESTS = ("passed", "failed")
+GOT_TO_TESTS = ("passed", "flaky", "failed")
+# labels of a failure that its reruns showed to pass with its own seed or with another: news, not gated
+# by default (a failure not rerun, or from a report without labels, is gated: nothing shows it is not real)
+NOT_GATED: tuple[FailureLabel, ...] = ("flaky", "seed_dependent")
 
 
 class ReportError(ValueError):
@@ -115,6 +126,11 @@ class TestChange:
     test: str
     outcome: str
     message: str | None = None
+    label: FailureLabel | None = None
+
+    @property
+    def label_text(self) -> str:
+        return f", {label_word(self.label)}" if self.label else ""
 
 
 @dataclass
@@ -122,10 +138,16 @@ class StatusChange:
     cell: str
     old: str
     new: str
+    # the new status is flaky or failed, and on failures labelled flaky or seed-dependent alone
+    on_ungated_failures: bool = False
 
     @property
     def regressed(self) -> bool:
-        return STATUS_RANK.get(self.new, 2) > STATUS_RANK.get(self.old, 2)
+        unknown = STATUS_RANK["error"]
+        return STATUS_RANK.get(self.new, unknown) > STATUS_RANK.get(self.old, unknown)
+
+    def gates(self, gate_flaky: bool) -> bool:
+        return self.regressed and (gate_flaky or not self.on_ungated_failures)
 
 
 @dataclass
@@ -158,10 +180,15 @@ class LockChange:
 
 @dataclass
 class Slowdown:
+    """A row slower than its baseline (`old_ms`: the old report's time, or the history's median) by
+    more than it allows; `rule` says which baseline judged it."""
+
     cell: str
     label: str
     old_ms: float
     new_ms: float
+    rule: str = "old report"
+    allowed: float = DEFAULT_THRESHOLD
 
     @property
     def ratio(self) -> float:
@@ -193,6 +220,12 @@ class KernelChange:
 @dataclass
 class ReportDiff:
     threshold: float
+    gate_flaky: bool = False
+    # the history's reports the speed gate reads (the trailing window), and the entries it could not read
+    history: list[Report] | None = None
+    history_problems: list[str] = field(default_factory=list)
+    # how many benchmark rows each rule judged ("median of 7 reports" counted as "trailing median")
+    speed_rules: dict[str, int] = field(default_factory=dict)
     backend_changes: list[BackendChange] = field(default_factory=list)
     newly_failing: list[TestChange] = field(default_factory=list)
     newly_passing: list[TestChange] = field(default_factory=list)
@@ -215,7 +248,14 @@ class ReportDiff:
 
     @property
     def status_regressions(self) -> list[StatusChange]:
-        return [c for c in self.status_changes if c.regressed]
+        return [c for c in self.status_changes if c.gates(self.gate_flaky)]
+
+    def gated(self, change: TestChange) -> bool:
+        return self.gate_flaky or change.label not in NOT_GATED
+
+    @property
+    def ungated_failing(self) -> list[TestChange]:
+        return [t for t in self.newly_failing if not self.gated(t)]
 
     def to_markdown(self) -> str:
         return render_markdown(self)
@@ -296,7 +336,7 @@ def _ran_family(cell: ReportCell, family: str | None) -> bool:
 
 def _test_changes(name: str, old: ReportCell, new: ReportCell) -> tuple[list[TestChange], list[TestChange]]:
     before, after = _failing(old), _failing(new)
-    failing = [TestChange(name, t, f.outcome, f.message) for t, f in after.items() if t not in before]
+    failing = [TestChange(name, t, f.outcome, f.message, f.label) for t, f in after.items() if t not in before]
     # a report lists failures only, so a test counts as passing again only where its family ran
     passing = [
         TestChange(name, t, "passed") for t, f in before.items() if t not in after and _ran_family(new, f.family)
@@ -336,26 +376,23 @@ def lock_change(name: str, old: ReportCell, new: ReportCell) -> LockChange | Non
     )
 
 
-def _bench_index(cell: ReportCell, backend: str | None = None) -> dict[str, tuple[str, float]]:
-    """(label, ms) per benchmark row (of that backend only, if one is named), keyed on op + backend +
-    shape + pass. The rows are bench.json's as written, older untyped ones among them."""
-    index = {}
-    for row in cell.bench or []:
-        ms = row.get("ms") if isinstance(row, dict) else None
-        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
-            row_backend = row.get("backend") or row.get("impl")
-            if backend is not None and row_backend != backend:
-                continue
-            fields = [row.get("op"), row_backend, row.get("shape"), row.get("pass")]
-            key = json.dumps(fields, sort_keys=True, default=str)
-            index[key] = (bench_label(row), float(ms))
-    return index
-
-
-def _slowdowns(name: str, old: ReportCell, new: ReportCell, threshold: float) -> list[Slowdown]:
-    before, after = _bench_index(old), _bench_index(new)
-    found = [Slowdown(name, label, ms, after[key][1]) for key, (label, ms) in before.items() if key in after]
-    return [s for s in found if s.ratio > threshold]
+def _slowdowns(diff: ReportDiff, name: str, old: ReportCell, new: ReportCell) -> list[Slowdown]:
+    """The rows of `new` slower than their baseline: the history's trailing median where it has enough
+    of the row (the history of the new cell's name), else the old report's time."""
+    before, after = bench_index(old), bench_index(new)
+    history = speed_gate.trailing_times(diff.history, new.name) if diff.history is not None else None
+    found = []
+    for key, (label, new_ms) in after.items():
+        old_ms = before[key][1] if key in before else None
+        judged = speed_gate.judge(old_ms, history.get(key, []) if history is not None else None, diff.threshold)
+        if judged is None:
+            continue
+        rule = "trailing median" if judged.by_history else "old report"
+        diff.speed_rules[rule] = diff.speed_rules.get(rule, 0) + 1
+        slowdown = Slowdown(name, label, judged.baseline_ms, new_ms, judged.rule, judged.allowed)
+        if slowdown.ratio > judged.allowed:
+            found.append(slowdown)
+    return found
 
 
 def _fastest(cell: ReportCell) -> dict[str, str]:
@@ -383,7 +420,7 @@ def _kernel_changes(name: str, old: ReportCell, new: ReportCell) -> list[KernelC
     old_text, new_text = fla_choices.kernel_text(before), fla_choices.kernel_text(after)
     if old_text == new_text:
         return []
-    timed_before, timed_after = _bench_index(old, "fla"), _bench_index(new, "fla")
+    timed_before, timed_after = bench_index(old, "fla"), bench_index(new, "fla")
     speed_change = [
         f"{label}: {ms:.3g} → {timed_after[key][1]:.3g} ms ({timed_after[key][1] / ms - 1:+.0%})"
         for key, (label, ms) in timed_before.items()
@@ -406,12 +443,15 @@ def _compare_cell(diff: ReportDiff, name: str, old: ReportCell, new: ReportCell)
     diff.newly_failing += failing
     diff.newly_passing += passing
     if old.status != new.status:
-        diff.status_changes.append(StatusChange(name, old.status, new.status))
+        ungated = bool(new.failures) and all(f.label in NOT_GATED for f in new.failures)
+        diff.status_changes.append(
+            StatusChange(name, old.status, new.status, ungated and new.status in ("flaky", "failed"))
+        )
     diff.version_changes += version_changes(name, old, new)
     locked = lock_change(name, old, new)
     if locked is not None:
         diff.lock_changes.append(locked)
-    diff.slowdowns += _slowdowns(name, old, new, diff.threshold)
+    diff.slowdowns += _slowdowns(diff, name, old, new)
     diff.fastest_changes += _fastest_changes(name, old, new)
     diff.kernel_changes += _kernel_changes(name, old, new)
     diff.kernel_call_changes += kernel_call_changes(name, old, new)
@@ -425,12 +465,14 @@ def _regressions(diff: ReportDiff, route_changes_regress: bool) -> list[str]:
         for c in diff.backend_changes
         if _is_backend_regression(c, route_changes_regress)
     ]
-    found += [f"{t.cell}: {t.test} newly {t.outcome}" for t in diff.newly_failing]
+    found += [f"{t.cell}: {t.test} newly {t.outcome}{t.label_text}" for t in diff.newly_failing if diff.gated(t)]
     found += [f"{c.cell}: status {c.old} → {c.new}" for c in diff.status_regressions]
     found += [f"{name}: cell removed" for name in diff.cells_removed]
     found += [f"{name}: expectation not met: {expectation_text(e)}" for name, e in diff.expectation_violations]
     found += [
-        f"{s.cell}: {s.label} slowed {s.ratio:.0%} ({s.old_ms:.3g} ms → {s.new_ms:.3g} ms)" for s in diff.slowdowns
+        f"{s.cell}: {s.label} slowed {s.ratio:.0%} ({s.old_ms:.3g} ms → {s.new_ms:.3g} ms"
+        + (f", against the {s.rule})" if s.rule != "old report" else ")")
+        for s in diff.slowdowns
     ]
     for change in diff.kernel_changes:
         # a peer's kernel change is news; it regresses only with a slowdown or a resolution loss beside it
@@ -464,14 +506,21 @@ def diff_reports(
     skip_not_run: bool = False,
     pairs: Sequence[tuple[str, str]] = (),
     accuracy_factor: float = DEFAULT_FACTOR,
+    gate_flaky: bool = False,
+    history: list[Report] | None = None,
 ) -> ReportDiff:
     """What changed from old to new. A backend moving to another backend is a regression; a change of
     route within one backend (e.g. ascendc:stable-api → ascendc:composite-fwd) only when
     route_changes_regress. With skip_not_run, cells the new report did not run (e.g. self-hosted cells
     skipped for a fork's pull request) are listed as not compared instead of regressing. With pairs,
     only those (old cell, new cell) pairs are compared, each under the name "old → new". An accuracy
-    error regresses when it grows past accuracy_factor times its old value and its dtype's floor."""
-    diff = ReportDiff(threshold=slowdown_threshold, accuracy_factor=accuracy_factor)
+    error regresses when it grows past accuracy_factor times its old value and its dtype's floor. A
+    newly failing test labelled flaky or seed-dependent regresses only with gate_flaky. With `history`
+    (the reports kept before the new one, oldest first) speed is judged by the trailing median where it
+    has enough reports of a row (gdn.matrix.speed_gate)."""
+    diff = ReportDiff(
+        threshold=slowdown_threshold, accuracy_factor=accuracy_factor, gate_flaky=gate_flaky, history=history
+    )
     before, after = _paired(old, new, pairs) if pairs else (_cells(old), _cells(new))
     diff.cells_added = [name for name in after if name not in before]
     diff.cells_removed = [name for name in before if name not in after]
@@ -539,14 +588,21 @@ def render_markdown(diff: ReportDiff) -> str:
         f"Accuracy: errors grown past {diff.accuracy_factor:g}x (and their dtype's floor)",
         accuracy_report.regression_markdown(diff.accuracy_regressions),
     )
+    lines += _section("Newly failing tests", _bullets([_failing_line(t) for t in diff.newly_failing if diff.gated(t)]))
     lines += _section(
-        "Newly failing tests",
-        _bullets([f"{t.cell}: `{t.test}` ({t.outcome}) {(t.message or '')[:200]}" for t in diff.newly_failing]),
+        "Newly failing, flaky or seed-dependent (not gated; --gate-flaky gates them)",
+        _bullets([_failing_line(t) for t in diff.ungated_failing]),
     )
     lines += _section("No longer failing", _bullets([f"{t.cell}: `{t.test}`" for t in diff.newly_passing]))
     lines += _section(
         "Cell status",
-        _bullets([f"{c.cell}: {c.old} → {c.new}{' (regression)' if c.regressed else ''}" for c in diff.status_changes]),
+        _bullets(
+            [
+                f"{c.cell}: {c.old} → {c.new}{' (regression)' if c.gates(diff.gate_flaky) else ''}"
+                + (" (on flaky or seed-dependent failures alone)" if c.regressed and c.on_ungated_failures else "")
+                for c in diff.status_changes
+            ]
+        ),
     )
     version_rows = [[v.cell, v.package, v.old, v.new] for v in diff.version_changes]
     lines += _section("Versions", md_table(["cell", "package", "old", "new"], version_rows) if version_rows else [])
@@ -557,16 +613,38 @@ def render_markdown(diff: ReportDiff) -> str:
     lines += _section(
         "Expectations not met", _bullets([f"{name}: {expectation_text(e)}" for name, e in diff.expectation_violations])
     )
-    slow_rows = [[s.cell, s.label, f"{s.old_ms:.4g}", f"{s.new_ms:.4g}", f"+{s.ratio:.0%}"] for s in diff.slowdowns]
+    slow_rows = [
+        [s.cell, s.label, f"{s.old_ms:.4g}", f"{s.new_ms:.4g}", f"+{s.ratio:.0%}", f"+{s.allowed:.0%}", s.rule]
+        for s in diff.slowdowns
+    ]
+    header = ["cell", "benchmark", "baseline ms", "new ms", "change", "allowed", "judged against"]
     lines += _section(
-        f"Slower by more than {diff.threshold:.0%}",
-        md_table(["cell", "benchmark", "old ms", "new ms", "change"], slow_rows) if slow_rows else [],
+        f"Slower than allowed (by more than {diff.threshold:.0%}, or the history's spread)",
+        md_table(header, slow_rows) if slow_rows else [],
     )
+    lines += _section("Speed rules", _bullets(_speed_rule_lines(diff)))
     lines += _section(
         "Fastest backend",
         _bullets([f"{f.cell}: fastest at {f.group}: {f.old} -> {f.new}" for f in diff.fastest_changes]),
     )
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _failing_line(t: TestChange) -> str:
+    return f"{t.cell}: `{t.test}` ({t.outcome}{t.label_text}) {(t.message or '')[:200]}"
+
+
+def _speed_rule_lines(diff: ReportDiff) -> list[str]:
+    """Which rule judged how many benchmark rows, and the history entries that could not be read."""
+    if not diff.speed_rules and diff.history is None:
+        return []
+    lines = [f"{count} row(s) judged against the {rule}" for rule, count in sorted(diff.speed_rules.items())]
+    if diff.history is not None:
+        lines.append(
+            f"history: {len(diff.history)} report(s) before the new one; a row needs {speed_gate.MIN_REPORTS}"
+            f" for its trailing median (over the last {speed_gate.WINDOW})"
+        )
+    return lines + [f"history entry not read: {problem}" for problem in diff.history_problems]
 
 
 # ---------------------------------------------------------------- gdn-matrix diff
@@ -680,6 +758,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"an accuracy error that grows past X times its old value (and its dtype's floor) is a regression "
         f"(default: {DEFAULT_FACTOR:g})",
     )
+    parser.add_argument(
+        "--gate-flaky",
+        action="store_true",
+        help="also count newly failing tests labelled flaky or seed-dependent (and a cell status that moved on "
+        "them alone) as regressions",
+    )
+    parser.add_argument(
+        "--history",
+        type=Path,
+        metavar="DIR",
+        help="judge each benchmark row against its trailing median in this history (`gdn-matrix history add`) "
+        f"where it has {speed_gate.MIN_REPORTS} reports of the row, else against OLD",
+    )
     parser.add_argument("--no-fail", action="store_true", help="exit 0 even when there are regressions")
     parser.add_argument(
         "--output",
@@ -689,9 +780,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _history(directory: Path | None, new: Report) -> tuple[list[Report] | None, list[str]]:
+    """The history's reports before `new`, or None without --history; ReportError for a --history that
+    is not a history directory."""
+    if directory is None:
+        return None, []
+    if not directory.is_dir():
+        raise ReportError(f"--history {directory}: no such directory")
+    try:
+        return speed_gate.trailing_reports(directory, new.generated_at)
+    except HistoryError as exc:
+        raise ReportError(f"--history {directory}: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         old, new = load_report(args.old), load_report(args.new)
+        history, history_problems = _history(args.history, new)
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -704,7 +809,10 @@ def run(args: argparse.Namespace) -> int:
             skip_not_run=args.skip_not_run,
             pairs=args.pair,
             accuracy_factor=args.accuracy_factor,
+            gate_flaky=args.gate_flaky,
+            history=history,
         )
+        diff.history_problems = history_problems
     except ReportError as exc:
         print(f"gdn-matrix diff: error: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

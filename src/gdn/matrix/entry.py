@@ -1,8 +1,10 @@
 """What runs inside a cell (a container, or the host for host-runtime cells): the probe, then the
-cell's test families under pytest with JUnit output, then the accuracy table, then the optional
-benchmark; gdn's kernel log records what each step's calls ran (kernels.json). Everything goes to the
-output directory (see gdn.matrix.results); the exit status says how it went:
-0 all passed, 1 tests failed, 2 the cell itself broke (probe crash, no tests collected, ...).
+cell's test families under pytest with JUnit output, then the reruns of the tests that failed (each
+labelled deterministic, seed-dependent or flaky: gdn.matrix.reruns), then the accuracy table, then the
+optional benchmark; gdn's kernel log records what each step's calls ran (kernels.json). Everything goes
+to the output directory (see gdn.matrix.results); the exit status says how it went: 0 all passed, 1
+tests failed, 3 tests failed and every failure passed on a rerun with its own seed (flaky), 2 the cell
+itself broke (probe crash, no tests collected, ...).
 
     python -m gdn.matrix.entry --cell NAME --out DIR --families probe,single_op [--mode auto] [--probe-mode M]
         [--bench] [--end-with-stdin]
@@ -29,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from gdn.matrix import kernels, outcomes
+from gdn.matrix import kernels, outcomes, reruns
 from gdn.matrix.accuracy import FILE as ACCURACY
 from gdn.matrix.jsonio import write_json
 from gdn.matrix.program import Program
@@ -49,7 +51,14 @@ def _step(name: str, command: list[str], cwd: Path, env: dict[str, str]) -> dict
 
 def _pytest_command(args: argparse.Namespace) -> list[str]:
     command = [sys.executable, "-m", "pytest", str(args.tests), "-m", " or ".join(args.families)]
-    command += [f"--junitxml={args.out / 'junit.xml'}", "-p", "no:cacheprovider", "-q"]
+    # the root their node ids are relative to, as the reruns give it (gdn.matrix.reruns)
+    command += [
+        f"--rootdir={args.tests.parent}",
+        f"--junitxml={args.out / 'junit.xml'}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+    ]
     command += ["-p", "gdn.matrix.outcomes", f"{outcomes.OPTION}={args.out / outcomes.FILE}"]
     command += ["-p", "gdn.matrix.kernels_plugin", f"{kernels.OPTION}={args.out / kernels.FILE}"]
     if importlib.util.find_spec("xdist") is not None:
@@ -111,6 +120,15 @@ def _run(args: argparse.Namespace) -> int:
     accuracy = [sys.executable, "-m", "gdn.matrix.accuracy", "--output", str(args.out / ACCURACY)]
     steps.append(_step("accuracy", [*accuracy, "--kernels", str(args.out / kernels.FILE)], scratch, env))
     steps.append(_step("pytest", _pytest_command(args), scratch, env))
+    flaky = False
+    if steps[-1]["exit_code"] == 1:
+        print(f"== reruns: the failing tests, their own seed then fresh seeds -> {reruns.FILE}", flush=True)
+        started = time.monotonic()
+        record = reruns.rerun_cell_failures(args.out, args.tests, env, scratch)
+        for failure in record.failures:
+            print(f"{failure.label}: {failure.test} ({failure.reason})", flush=True)
+        flaky = reruns.only_flaky(record)
+        steps.append({"step": "reruns", "exit_code": 0, "duration_s": round(time.monotonic() - started, 2)})
     if args.bench:
         bench_cmd = [sys.executable, "-m", "gdn.matrix.bench", "--matrix-out", str(args.out / "bench.json")]
         bench_cmd += ["--kernels", str(args.out / kernels.FILE)]
@@ -119,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
     codes = {s["step"]: s["exit_code"] for s in steps}
     if codes["manifest"] != 0 or codes["pytest"] not in (0, 1) or codes["accuracy"] != 0 or codes.get("bench", 0) != 0:
         return 2
-    return codes["pytest"]
+    return reruns.FLAKY_EXIT if flaky else codes["pytest"]
 
 
 def _families(text: str) -> list[str]:

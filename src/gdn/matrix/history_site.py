@@ -14,8 +14,8 @@ from gdn.matrix import schema, speed
 from gdn.matrix.accuracy.table import case_text
 from gdn.matrix.accuracy_report import worst
 from gdn.matrix.diff import lock_change, version_changes
-from gdn.matrix.history_store import StoredEntry, read_entries
-from gdn.matrix.jsonio import REPORT_FILE_MAX_BYTES, atomic_write
+from gdn.matrix.history_store import StoredEntry, read_entries, read_report
+from gdn.matrix.jsonio import atomic_write
 from gdn.matrix.kernel_report import kernel_line, peer_dispatch
 from gdn.matrix.report_html import html_environment
 from gdn.matrix.report_parts import cell_primary_device, resolution_state, route_text
@@ -98,7 +98,7 @@ def read_reports(history: Path) -> tuple[list[KeptReport], list[str]]:
     reports = []
     for stored in entries:
         try:
-            report, _ = schema.load_file(Report, stored.path / "report.json", REPORT_FILE_MAX_BYTES)
+            report = read_report(stored)
         except schema.SchemaError as exc:
             problems.append(f"{stored.entry.key}: {exc}")
             report = None

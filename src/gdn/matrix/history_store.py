@@ -43,6 +43,7 @@ CELL_FILES = (
     "kernels.json",
     "accuracy.json",
     "bench.json",
+    "reruns.json",
     "entry.json",
 )
 ENTRY_FILE = "entry.json"
@@ -139,6 +140,12 @@ def read_entries(history: Path) -> tuple[list[StoredEntry], list[str]]:
         entries.append(stored)
     entries.sort(key=lambda s: (s.generated, s.entry.key))
     return entries, problems
+
+
+def read_report(stored: StoredEntry) -> Report:
+    """The entry's report.json, validated as `gdn-matrix diff` reads one; SchemaError says why not."""
+    report, _ = schema.load_file(Report, stored.path / "report.json", REPORT_FILE_MAX_BYTES)
+    return report
 
 
 def prune(history: Path, keep: int, max_bytes: int) -> list[str]:

@@ -7,14 +7,17 @@ reads the file back when the run ends early. Under pytest-xdist only the control
 (the workers' reports reach it).
 
 A line: {"nodeid", "outcome" (passed, failed, error, skipped), "family", "message", "duration_s",
-"kernels", "comparison"}: a failed or errored test carries the calls it made and what they ran (where
-gdn.matrix.kernels_plugin records them), and a test that compares a backend with another carries what it
-compared (the `gdn_comparison` property: the mode, the ops it served, the ops that fell back and why).
+"kernels", "comparison", "seed"}: a failed or errored test carries the calls it made and what they ran
+(where gdn.matrix.kernels_plugin records them), a test that compares a backend with another carries
+what it compared (the `gdn_comparison` property: the mode, the ops it served, the ops that fell back and
+why), and a test that drew random inputs the seed it drew them with (`draw_seed`; the `seed` property,
+in junit.xml too), so that its failure can be replayed and rerun (gdn.matrix.reruns).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +35,9 @@ OUTCOMES = ("passed", "failed", "error", "skipped")
 # "compared": [op, ...], "fell_back": {op: why}}), and the report attribute of the kernels plugin
 COMPARISON = "gdn_comparison"
 KERNELS = "gdn_kernels"
+# the user property holding the seed a test drew (an int), and the variable that sets it for a replay
+SEED = "seed"
+SEED_ENV = "GDN_TEST_SEED"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,17 @@ class FinishedTest:
     duration_s: float = 0.0
     kernels: list[dict[str, Any]] | None = None
     comparison: dict[str, Any] | None = None
+    seed: int | None = None
+
+
+def draw_seed(node: pytest.Item) -> int:
+    """The seed of the test's random inputs: $GDN_TEST_SEED where set (a replay, or a rerun with the
+    failure's own seed), else a fresh one. It is printed, and recorded as the test's `seed` property
+    (junit.xml, tests.jsonl), so that a failure names the seed that replays it."""
+    seed = int(os.environ.get(SEED_ENV) or int.from_bytes(os.urandom(4), "little"))
+    print(f"random seed: {SEED_ENV}={seed}")
+    node.user_properties.append((SEED, seed))
+    return seed
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -72,6 +89,7 @@ def finished(report: pytest.TestReport) -> FinishedTest | None:
         message = str(report.longrepr[-1])
     properties = dict(report.user_properties)
     comparison = properties.get(COMPARISON)
+    seed = properties.get(SEED)
     return FinishedTest(
         nodeid=report.nodeid,
         outcome=outcome,
@@ -80,6 +98,7 @@ def finished(report: pytest.TestReport) -> FinishedTest | None:
         duration_s=round(report.duration, 3),
         kernels=getattr(report, KERNELS, None) if outcome in ("failed", "error") else None,
         comparison=json.loads(comparison) if isinstance(comparison, str) else None,
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else None,
     )
 
 

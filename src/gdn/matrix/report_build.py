@@ -9,7 +9,9 @@ never "not met".
 A cell's status is the worst of what its files show, not cell.json's word alone: a failed or errored
 test in junit.xml or tests.jsonl, a junit.xml missing or empty where the cell got to its tests, an exit
 code that says otherwise, a file that does not validate (a NaN among them) each make it worse, with
-the reason.
+the reason. Each failure carries the label its reruns gave it (reruns.json, gdn.matrix.reruns), or
+not_rerun where none are recorded; a cell is flaky only when cell.json says so and reruns.json labels
+every failing test flaky.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gdn.matrix.config import Cell, Matrix
 from gdn.matrix.outcomes import FILE as OUTCOMES
 from gdn.matrix.outcomes import FinishedTest
 from gdn.matrix.report_text import UNMARKED_FAMILY, failed_so_far
+from gdn.matrix.reruns import FILE as RERUNS
 from gdn.matrix.results import (
     FAMILY_MARKERS,
     JUNIT,
@@ -42,11 +45,13 @@ from gdn.matrix.schema import (
     CellOutcome,
     Expectation,
     Failure,
+    FailureRerun,
     FamilyCounts,
     KernelCount,
     Rejection,
     Report,
     ReportCell,
+    RerunsFile,
     ResolutionEntry,
     ResolutionRecord,
     Verdict,
@@ -60,6 +65,8 @@ NOT_RAN = ("not_run", "build_failed", "interrupted")
 # a cell's status in torch_npu's per-file vocabulary: no result is MISSING, a run that broke is CRASHED
 VERDICTS: dict[str, Verdict] = {
     "passed": "PASSED",
+    # tests failed: that each passed on a rerun is the report's word, not a pass
+    "flaky": "FAILED",
     "failed": "FAILED",
     "error": "CRASHED",
     "build_failed": "CRASHED",
@@ -101,25 +108,47 @@ def family_counts(tests: list[TestCase]) -> dict[str, FamilyCounts]:
     return {name: counts[name] for name in sorted(counts, key=family_order)}
 
 
-def failures(tests: list[TestCase], finished: list[FinishedTest]) -> list[Failure]:
-    """The failed and errored tests, each with the kernels its calls ran where tests.jsonl has them
-    (its lines as written, read here as the kernel log's records)."""
+def failures(tests: list[TestCase], finished: list[FinishedTest], reruns: RerunsFile | None) -> list[Failure]:
+    """The failed and errored tests, each with the kernels its calls ran and the seed it drew where
+    tests.jsonl has them (its lines as written, read here as the kernel log's records), and the label
+    its reruns gave it."""
     ran = {_test_name(test_case(t)): t.kernels for t in finished if t.kernels}
-    return [
-        Failure(
-            test=_test_name(t),
-            outcome=t.outcome,
-            family=t.family,
-            message=t.message,
-            kernels=schema.load(list[KernelCount], json.dumps(ran.get(_test_name(t)) or []), OUTCOMES),
+    seeds = {_test_name(test_case(t)): t.seed for t in finished if t.seed is not None}
+    rerun = {_node_name(r.test): r for r in reruns.failures} if reruns else {}
+    shown = []
+    for t in tests:
+        if t.outcome not in ("failed", "error"):
+            continue
+        name = _test_name(t)
+        record = rerun.get(name) or _not_rerun(reruns)
+        shown.append(
+            Failure(
+                test=name,
+                outcome=t.outcome,
+                family=t.family,
+                message=t.message,
+                kernels=schema.load(list[KernelCount], json.dumps(ran.get(name) or []), OUTCOMES),
+                seed=seeds.get(name, record.seed),
+                label=record.label,
+                label_reason=record.reason,
+                reruns=record.attempts,
+            )
         )
-        for t in tests
-        if t.outcome in ("failed", "error")
-    ]
+    return shown
+
+
+def _not_rerun(reruns: RerunsFile | None) -> FailureRerun:
+    reason = f"not among the reruns of {RERUNS}" if reruns else f"no {RERUNS}"
+    return FailureRerun("", "failed", "not_rerun", reason=reason)
 
 
 def _test_name(t: TestCase) -> str:
     return f"{t.classname}::{t.name}"
+
+
+def _node_name(nodeid: str) -> str:
+    """A pytest node id as the report names a test (JUnit's class and name)."""
+    return _test_name(test_case(FinishedTest(nodeid=nodeid, outcome="failed")))
 
 
 def bench_rows(bench: BenchFile | None, problems: list[str]) -> list[dict[str, Any]] | None:
@@ -192,7 +221,7 @@ def contradictions(results: CellResults) -> list[tuple[str, str]]:
     cell that got to its tests (passed, failed) has a junit.xml with tests in it, no failed or errored
     test if it passed, and the exit code of its status."""
     outcome = results.outcome
-    if outcome is None or outcome.status not in ("passed", "failed"):
+    if outcome is None or outcome.status not in ("passed", "flaky", "failed"):
         return []
     found = []
     unreadable = next((problem for problem in results.problems if problem.startswith(JUNIT)), None)
@@ -204,12 +233,31 @@ def contradictions(results: CellResults) -> list[tuple[str, str]]:
         found.append(("error", f"{JUNIT} holds no test"))
     junit_bad = _bad_tests(results.tests) if results.junit_found else None
     recorded_bad = _bad_tests(results.recorded)
-    if junit_bad:
+    if outcome.status == "flaky":
+        # failures are what a flaky cell has: each must be one its reruns labelled flaky
+        found += _not_flaky(results)
+    elif junit_bad:
         found.append(("failed", f"{JUNIT} has {junit_bad}"))
     elif recorded_bad:
         found.append(("failed", f"{OUTCOMES} has {recorded_bad}"))
     found.append((status_of(outcome.exit_code), f"its exit code is {outcome.exit_code}"))
     return [(status, what) for status, what in found if STATUS_RANK[status] > STATUS_RANK[outcome.status]]
+
+
+def _not_flaky(results: CellResults) -> list[tuple[str, str]]:
+    """A flaky cell's failures that its reruns did not label flaky, or that it shows none."""
+    shown = failures(results.tests or results.recorded, results.finished, results.reruns)
+    if not shown:
+        return [("failed", "it shows no failing test")]
+    other = [f for f in shown if f.label != "flaky"]
+    if not other:
+        return []
+    return [("failed", f"{RERUNS} does not label {other[0].test} flaky ({other[0].label})")]
+
+
+def flaky_reason(shown: list[Failure]) -> str:
+    count = len(shown)
+    return f"{count} failing test{'s' * (count != 1)}, each passed on a rerun with its own seed (flaky)"
 
 
 def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]:
@@ -229,6 +277,8 @@ def _status(results: CellResults, problems: list[str]) -> tuple[str, str | None]
     if outcome.status == "passed" and problems:
         # what cannot be read cannot be shown to have passed
         return "error", f"results unreadable: {problems[0]}"
+    if outcome.status == "flaky":
+        return "flaky", outcome.reason or flaky_reason(failures(results.tests, results.finished, results.reruns))
     return outcome.status, outcome.reason
 
 
@@ -275,7 +325,7 @@ def cell_entry(results: CellResults, cell: Cell | None) -> ReportCell:
         pin_differences=known.pin_differences if known else None,
         resolution=resolution,
         families=family_counts(results.tests),
-        failures=failures(results.tests, results.finished),
+        failures=failures(results.tests, results.finished, results.reruns),
         bench=bench,
         peer_kernels={"fla": fla_choices.fla_kernel(results.manifest)},
         kernels=kernel_report.cell_kernels(results.kernels),

@@ -28,7 +28,7 @@ from gdn.matrix.report_parts import (
     status_text,
     version_columns,
 )
-from gdn.matrix.report_text import bench_label
+from gdn.matrix.report_text import bench_label, label_text
 from gdn.matrix.schema import Report
 
 # the page has room for more than a job summary, but a broken stack can fail thousands of grid tests
@@ -94,6 +94,7 @@ def html_environment():
         hardware_note=hardware_note,
         interrupted_text=interrupted_text,
         expectation_state=expectation_state,
+        label_text=label_text,
         card_text=card_text,
         status_text=status_text,
         not_candidates_text=not_candidates_text,

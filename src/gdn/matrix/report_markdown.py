@@ -26,7 +26,7 @@ from gdn.matrix.report_parts import (
     status_text,
     version_columns,
 )
-from gdn.matrix.report_text import expectation_text
+from gdn.matrix.report_text import expectation_text, label_text
 from gdn.matrix.schema import Report
 
 FAILURES_SHOWN = 20
@@ -37,6 +37,7 @@ LOG_LINES_SHOWN = 40
 
 STATUS_ICONS = {
     "passed": "✅",
+    "flaky": "🔁",
     "failed": "❌",
     "error": "💥",
     "timeout": "⏱️",
@@ -159,7 +160,7 @@ def _md_failures(report: Report) -> list[str]:
         lines += [f"### {cell.name}: {len(failed)} failing", ""]
         for f in failed[:FAILURES_SHOWN]:
             message = f": {md_cell(f.message)[:300]}" if f.message else ""
-            lines.append(f"- `{f.test}` ({f.outcome}){message}")
+            lines.append(f"- `{f.test}` ({f.outcome}{label_text(f)}){message}")
             ran = kernel_report.shown(f.kernels)
             lines += [f"  - ran: {md_cell(kernel_report.kernel_line(k))}" for k in ran]
         if len(failed) > FAILURES_SHOWN:

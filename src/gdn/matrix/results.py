@@ -10,6 +10,8 @@
     junit.xml         pytest --junitxml
     tests.jsonl       each test's outcome as it finished (gdn.matrix.outcomes): what a run that ended early
                       (timeout, crash) ran before it ended; read where junit.xml is missing
+    reruns.json       the reruns of the failing tests and each failure's label (gdn.matrix.reruns): written
+                      by the cell entry when tests failed
     bench.json        optional: {"rows": [{"op", "backend", "shape", "pass", "ms", ...}]}
     log.txt           everything the cell printed
 
@@ -29,6 +31,8 @@ from gdn.matrix.jsonio import RESULTS_FILE_MAX_BYTES, UnreadableFileError, read_
 from gdn.matrix.kernels import FILE as KERNELS
 from gdn.matrix.outcomes import FILE as OUTCOMES
 from gdn.matrix.outcomes import FinishedTest, read_finished
+from gdn.matrix.reruns import FILE as RERUNS
+from gdn.matrix.reruns import FLAKY_EXIT
 from gdn.matrix.schema import (
     AccuracyFile,
     BenchFile,
@@ -36,6 +40,7 @@ from gdn.matrix.schema import (
     InterruptedRun,
     KernelsFile,
     Manifest,
+    RerunsFile,
     ResolutionRecord,
     SchemaError,
     TestOutcome,
@@ -47,20 +52,23 @@ INTERRUPTED = "interrupted.json"
 JUNIT = "junit.xml"
 # How bad each status is, worse higher: evidence may make a cell worse than its cell.json says, and
 # a diff counts a move up as a regression. not_run is worst: nothing about the cell is known any more.
+# flaky (tests failed, each passed on a rerun with its own seed) is between passed and failed.
 STATUS_RANK = {
     "passed": 0,
-    "failed": 1,
-    "error": 2,
-    "timeout": 2,
-    "build_failed": 3,
-    "not_run": 4,
-    "interrupted": 4,
+    "flaky": 1,
+    "failed": 2,
+    "error": 3,
+    "timeout": 3,
+    "build_failed": 4,
+    "not_run": 5,
+    "interrupted": 5,
 }
 
 
 def status_of(exit_code: int | None) -> str:
-    """What the cell entry's exit status says (gdn.matrix.entry): 0 passed, 1 tests failed, else error."""
-    return {0: "passed", 1: "failed"}.get(exit_code, "error")
+    """What the cell entry's exit status says (gdn.matrix.entry): 0 passed, 1 tests failed, 3 tests
+    failed and each passed on a rerun with its own seed (gdn.matrix.reruns), else error."""
+    return {0: "passed", 1: "failed", FLAKY_EXIT: "flaky"}.get(exit_code, "error")
 
 
 @dataclass
@@ -95,6 +103,7 @@ class CellResults:
     finished: list[FinishedTest] = field(default_factory=list)
     kernels: KernelsFile | None = None
     accuracy: AccuracyFile | None = None
+    reruns: RerunsFile | None = None
     invalid: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
@@ -215,6 +224,7 @@ def read_cell(directory: Path) -> CellResults:
     results.bench, _ = _load(results, directory, "bench.json", BenchFile)
     results.kernels, _ = _load(results, directory, KERNELS, KernelsFile)
     results.accuracy, _ = _load(results, directory, ACCURACY, AccuracyFile)
+    results.reruns, _ = _load(results, directory, RERUNS, RerunsFile)
     return results
 
 

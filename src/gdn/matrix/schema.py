@@ -10,6 +10,7 @@
     report.json       Report           written by `gdn-matrix report`, read by `gdn-matrix diff`
     entry.json        HistoryEntry     one report kept in a history (gdn.matrix.history)
     bisect.json       BisectResult     which package between two locks flips a cell's tests (gdn.matrix.bisect)
+    reruns.json       RerunsFile       the reruns of a cell's failing tests and their labels (gdn.matrix.reruns)
 
 The models are plain dataclasses and this module imports nothing outside the standard library, so the
 writers inside a cell (whose image carries only torch, the test tools and the stack under test) use
@@ -44,14 +45,20 @@ ACCURACY_SCHEMA = 1
 REPORT_SCHEMA = 1
 HISTORY_SCHEMA = 1
 BISECT_SCHEMA = 1
+RERUNS_SCHEMA = 1
 
-Status = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run"]
+# "flaky": tests failed, and every failure passed when rerun with its own seed (gdn.matrix.reruns)
+Status = Literal["passed", "flaky", "failed", "error", "timeout", "build_failed", "not_run"]
 # a report's status of a cell adds "interrupted": a run was interrupted and no complete run is recorded
-ReportStatus = Literal["passed", "failed", "error", "timeout", "build_failed", "not_run", "interrupted"]
+ReportStatus = Literal["passed", "flaky", "failed", "error", "timeout", "build_failed", "not_run", "interrupted"]
 # torch_npu's test-result vocabulary, per cell (its parser records one of these per test file)
 Verdict = Literal["PASSED", "FAILED", "CRASHED", "TIMEOUT", "MISSING"]
 Pass = Literal["fwd", "fwd+bwd", "decode"]
 TestOutcome = Literal["passed", "failed", "error", "skipped"]
+# what the reruns of a failing test showed (gdn.matrix.reruns): it failed every rerun, with its own seed
+# and fresh ones (deterministic); it failed with its own seed every time and passed with a fresh one
+# (seed_dependent); it passed with its own seed (flaky); it was not rerun enough to tell (not_rerun)
+FailureLabel = Literal["deterministic", "seed_dependent", "flaky", "not_rerun"]
 
 
 class SchemaError(ValueError):
@@ -244,6 +251,53 @@ class AccuracyFile:
     schema: int = ACCURACY_SCHEMA
 
 
+# ---------------------------------------------------------------- reruns.json
+
+
+@dataclass
+class RerunAttempt:
+    """One rerun of a failing test: the seed it ran with (None: the test draws none), whether that seed
+    was a fresh one or the failure's own, what it gave and how long it took."""
+
+    seed: int | None
+    fresh_seed: bool
+    outcome: TestOutcome
+    duration_s: float
+    message: str | None = None
+
+
+@dataclass
+class FailureRerun:
+    """A failing test of the cell's run (its pytest node id), its reruns and the label they give."""
+
+    test: str
+    outcome: Literal["failed", "error"]
+    label: FailureLabel
+    seed: int | None = None
+    # why a test was not rerun enough to tell, or what settled its label
+    reason: str | None = None
+    attempts: list[RerunAttempt] = field(default_factory=list)
+
+
+@dataclass
+class RerunsFile:
+    """reruns.json: the failing tests of the cell's run, each rerun in the cell's own runtime (its own
+    seed first, then fresh seeds) within the bounds recorded here, and the label the reruns give.
+    `finished` is False while the reruns run: a cell killed meanwhile leaves the labels so far."""
+
+    failures: list[FailureRerun]
+    max_tests: int
+    same_seed_reruns: int
+    fresh_seed_reruns: int
+    budget_s: float
+    elapsed_s: float = 0.0
+    finished: bool = False
+    schema: int = RERUNS_SCHEMA
+
+    def write(self, directory: Path) -> None:
+        write_json(directory / "reruns.json", asdict(self))
+
+
 # ---------------------------------------------------------------- bench.json
 
 
@@ -364,11 +418,18 @@ class Failure:
     message: str | None = None
     # what the test's calls ran, at every dispatch level (tests.jsonl, where the kernel log recorded it)
     kernels: list[KernelCount] = field(default_factory=list)
+    # the seed its inputs were drawn with (GDN_TEST_SEED=<seed> replays it), where it drew one
+    seed: int | None = None
+    # what its reruns showed (reruns.json); None in a report made before reruns were recorded
+    label: FailureLabel | None = None
+    label_reason: str | None = None
+    reruns: list[RerunAttempt] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         # report.json's order: the family beside the test's name
-        return {key: data[key] for key in ("test", "family", "outcome", "message", "kernels")}
+        order = ("test", "family", "outcome", "message", "seed", "label", "label_reason", "reruns", "kernels")
+        return {key: data[key] for key in order}
 
 
 @dataclass
@@ -564,6 +625,7 @@ MODELS: dict[str, Any] = {
     "report": Report,
     "history_entry": HistoryEntry,
     "bisect": BisectResult,
+    "reruns": RerunsFile,
 }
 
 

@@ -4,10 +4,12 @@ Built from the typed rows of the cells' bench.json (gdn.matrix.schema)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from typing import Any
 
 from gdn.matrix.markdown import md_table
+from gdn.matrix.report_text import bench_label
 from gdn.matrix.schema import BenchRow, Report, ReportCell, shape_text
 
 HEADER = ["op", "shape", "pass", "backend", "ran", "ms", "× fastest", "peak GiB", "first call s", "note"]
@@ -33,6 +35,22 @@ def parse_rows(raw: Any) -> tuple[list[BenchRow], list[str]]:
 def cell_rows(cell: ReportCell) -> list[BenchRow]:
     rows, _ = parse_rows(cell.bench)
     return rows
+
+
+def bench_index(cell: ReportCell, backend: str | None = None) -> dict[str, tuple[str, float]]:
+    """(label, ms) per benchmark row (of that backend only, if one is named), keyed on op + backend +
+    shape + pass. The rows are bench.json's as written, older untyped ones among them."""
+    index = {}
+    for row in cell.bench or []:
+        ms = row.get("ms") if isinstance(row, dict) else None
+        if isinstance(ms, (int, float)) and not isinstance(ms, bool) and ms > 0:
+            row_backend = row.get("backend") or row.get("impl")
+            if backend is not None and row_backend != backend:
+                continue
+            fields = [row.get("op"), row_backend, row.get("shape"), row.get("pass")]
+            key = json.dumps(fields, sort_keys=True, default=str)
+            index[key] = (bench_label(row), float(ms))
+    return index
 
 
 def row_problems(rows: list[dict[str, Any]]) -> list[str]:
