@@ -453,50 +453,16 @@ def _conv_update_kernel(
         i = 0
         while i < L:
             _update_output(
-                i,
-                x_row,
-                state_row,
-                w_ptr,
-                bias_ptr,
-                out_ptr,
-                b,
-                d,
-                L,
-                D,
-                live,
-                fill,
-                row_mask,
-                stride_w,
-                W,
-                S,
-                BD,
-                HAS_BIAS,
-                SILU,
-            )
+                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
+                W, S, BD, HAS_BIAS, SILU,
+            )  # fmt: skip
             i += 1
     else:
         for i in range(L):
             _update_output(
-                i,
-                x_row,
-                state_row,
-                w_ptr,
-                bias_ptr,
-                out_ptr,
-                b,
-                d,
-                L,
-                D,
-                live,
-                fill,
-                row_mask,
-                stride_w,
-                W,
-                S,
-                BD,
-                HAS_BIAS,
-                SILU,
-            )
+                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
+                W, S, BD, HAS_BIAS, SILU,
+            )  # fmt: skip
 
     c = tl.arange(0, SP)
     src = c + L  # column of E that becomes state column c

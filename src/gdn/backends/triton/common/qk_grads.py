@@ -32,7 +32,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
 
@@ -70,9 +70,7 @@ def _qk_grads_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
     last = tl.minimum(BT, T_n - i_t * BT) - 1
     o_k = i_k * BK + tl.arange(0, BK)
     mk = o_k < K

@@ -17,7 +17,7 @@ import triton.language as tl
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 from gdn.gates import GATE_FLOOR as _GATE_FLOOR
 
@@ -204,9 +204,7 @@ def _wu_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
 
     A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
     b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
