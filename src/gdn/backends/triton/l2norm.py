@@ -28,6 +28,21 @@ MAX_BLOCK_D = 512
 TILE = 8192
 
 
+@triton.jit
+def _row_tile(rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """A program's BR rows of D elements -> (their indices in 64 bits, which of them exist, a block's
+    column offsets, each row's first element)."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    return r, r < rows, tl.arange(0, BD), r[:, None] * D
+
+
+@triton.jit
+def _columns(start, cols, row_mask, D: tl.constexpr):
+    """The block of columns from `start` -> (their offsets, the mask of the rows' elements there)."""
+    c = start + cols
+    return c, row_mask[:, None] & (c[None, :] < D)
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _l2norm_fwd_kernel(
     x_ptr,
@@ -39,10 +54,7 @@ def _l2norm_fwd_kernel(
     BD: tl.constexpr,
     BR: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    row_mask = r < rows
-    cols = tl.arange(0, BD)
-    base = r[:, None] * D
+    r, row_mask, cols, base = _row_tile(rows, D, BD, BR)
     if D <= BD:
         mask = row_mask[:, None] & (cols[None, :] < D)
         x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -51,14 +63,12 @@ def _l2norm_fwd_kernel(
     else:
         acc = tl.zeros([BR], dtype=tl.float32)
         for start in range(0, D, BD):
-            c = start + cols
-            mask = row_mask[:, None] & (c[None, :] < D)
+            c, mask = _columns(start, cols, row_mask, D)
             x = tl.load(x_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += tl.sum(x * x, axis=1)
         rstd = tl.rsqrt(acc + eps)
         for start in range(0, D, BD):
-            c = start + cols
-            mask = row_mask[:, None] & (c[None, :] < D)
+            c, mask = _columns(start, cols, row_mask, D)
             x = tl.load(x_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             tl.store(y_ptr + base + c[None, :], (x * rstd[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + r, rstd, mask=row_mask)
@@ -83,10 +93,7 @@ def _l2norm_bwd_kernel(
     BD: tl.constexpr,
     BR: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    row_mask = r < rows
-    cols = tl.arange(0, BD)
-    base = r[:, None] * D
+    r, row_mask, cols, base = _row_tile(rows, D, BD, BR)
     rstd = tl.load(rstd_ptr + r, mask=row_mask, other=0.0)
     if D <= BD:
         mask = row_mask[:, None] & (cols[None, :] < D)
@@ -97,14 +104,12 @@ def _l2norm_bwd_kernel(
     else:
         proj = tl.zeros([BR], dtype=tl.float32)
         for start in range(0, D, BD):
-            c = start + cols
-            mask = row_mask[:, None] & (c[None, :] < D)
+            c, mask = _columns(start, cols, row_mask, D)
             y = tl.load(y_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             proj += tl.sum(y * dy, axis=1)
         for start in range(0, D, BD):
-            c = start + cols
-            mask = row_mask[:, None] & (c[None, :] < D)
+            c, mask = _columns(start, cols, row_mask, D)
             y = tl.load(y_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dx = rstd[:, None] * (dy - y * proj[:, None])

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles
+from gdn.backends.triton.common.config import Tiles, stage_constants
 from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
@@ -144,17 +144,10 @@ def chunk_output(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.BK,
             BV=tiles.output_bv,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.output_warps,
-            num_stages=tiles.num_stages,
         )
     return o
 
@@ -184,16 +177,9 @@ def dv_local(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=do.shape[3],
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=do.shape[3]),
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.dv_warps,
-            num_stages=tiles.num_stages,
         )
     return dv

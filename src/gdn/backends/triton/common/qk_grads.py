@@ -31,7 +31,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, stage_constants
 from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
@@ -180,18 +180,11 @@ def qk_grads(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=bk,
             BV=tiles.BV,
             NK=NK,
             PB=PB,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.dqkwg_warps, bk, tiles.BV),
-            num_stages=tiles.num_stages,
         )
     return parts, dw, dG

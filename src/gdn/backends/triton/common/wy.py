@@ -16,7 +16,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
+from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles, stage_constants
 from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 from gdn.gates import GATE_FLOOR as _GATE_FLOOR
@@ -241,16 +241,10 @@ def wy_prepare(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K),
             BC=SUB_CHUNK,
             BK=tiles.BK,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.prepare_warps,
-            num_stages=tiles.num_stages,
         )
     return gc, Ai
 
@@ -282,16 +276,9 @@ def wy_apply(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.wu_warps,
-            num_stages=tiles.num_stages,
         )
     return w, u

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
+from gdn.backends.triton.common.config import Tiles, narrow_slice_warps, stage_constants
 from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.l2norm import grad_rows, l2norm_bwd
 from gdn.backends.triton.launch import launch
@@ -226,21 +226,14 @@ def wy_backward(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.wy_bwd_bk,
             BV=tiles.BV,
             BKO=tiles.wy_bwd_out_bk,
             NK=dG.shape[-1],
             PB=parts.shape[-1],
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             L2NORM=in_kernel,
             num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.wy_bwd_out_bk, tiles.BV),
-            num_stages=tiles.num_stages,
         )
     if rstd is not None and not in_kernel:
         dq, dk = l2norm_bwd(q, q_rstd, dq), l2norm_bwd(k, k_rstd, dk)
