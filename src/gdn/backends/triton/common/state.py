@@ -228,6 +228,12 @@ def _fwd_step(
 
 
 @triton.jit
+def _fwd_inputs_at(row, i_h, i_hv, k, w, u, gc, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """The forward's inputs at token `row` (64 bits): k at head i_h, the others at value head i_hv."""
+    return k + (row * H + i_h) * K, w + (row * HV + i_hv) * K, u + (row * HV + i_hv) * V, gc + row * HV + i_hv
+
+
+@triton.jit
 def _segment_head(
     i_sh, T, NSEG, SEG, bounds, chunk_offsets, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN
 ):
@@ -310,12 +316,6 @@ def _state_fwd_kernel(
             )  # fmt: skip
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
-
-
-@triton.jit
-def _fwd_inputs_at(row, i_h, i_hv, k, w, u, gc, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
-    """The forward's inputs at token `row` (64 bits): k at head i_h, the others at value head i_hv."""
-    return k + (row * H + i_h) * K, w + (row * HV + i_hv) * K, u + (row * HV + i_hv) * V, gc + row * HV + i_hv
 
 
 @triton.jit
