@@ -36,13 +36,6 @@ def _row_tile(rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
     return r, r < rows, tl.arange(0, BD), r[:, None] * D
 
 
-@triton.jit
-def _columns(start, cols, row_mask, D: tl.constexpr):
-    """The block of columns from `start` -> (their offsets, the mask of the rows' elements there)."""
-    c = start + cols
-    return c, row_mask[:, None] & (c[None, :] < D)
-
-
 @triton.jit(do_not_specialize=["rows"])
 def _l2norm_fwd_kernel(
     x_ptr,
@@ -63,12 +56,14 @@ def _l2norm_fwd_kernel(
     else:
         acc = tl.zeros([BR], dtype=tl.float32)
         for start in range(0, D, BD):
-            c, mask = _columns(start, cols, row_mask, D)
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < D)
             x = tl.load(x_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             acc += tl.sum(x * x, axis=1)
         rstd = tl.rsqrt(acc + eps)
         for start in range(0, D, BD):
-            c, mask = _columns(start, cols, row_mask, D)
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < D)
             x = tl.load(x_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             tl.store(y_ptr + base + c[None, :], (x * rstd[:, None]).to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + r, rstd, mask=row_mask)
@@ -104,12 +99,14 @@ def _l2norm_bwd_kernel(
     else:
         proj = tl.zeros([BR], dtype=tl.float32)
         for start in range(0, D, BD):
-            c, mask = _columns(start, cols, row_mask, D)
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < D)
             y = tl.load(y_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             proj += tl.sum(y * dy, axis=1)
         for start in range(0, D, BD):
-            c, mask = _columns(start, cols, row_mask, D)
+            c = start + cols
+            mask = row_mask[:, None] & (c[None, :] < D)
             y = tl.load(y_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dy = tl.load(dy_ptr + base + c[None, :], mask=mask, other=0.0).to(tl.float32)
             dx = rstd[:, None] * (dy - y * proj[:, None])
