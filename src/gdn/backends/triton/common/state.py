@@ -49,9 +49,25 @@ def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _refused(S, bad_offsets, IS_VARLEN, KP: tl.constexpr):
-    """S, or NaN where the plan refused a packed call's offsets (chunk_index): every output, final
-    state and gradient of the call then comes out NaN."""
+def _start_state(
+    start,
+    bad_offsets,
+    i_sh,
+    kv,
+    m_kv,
+    HAS_START,
+    IS_VARLEN,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    KP: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """A pass program's slice kv of the state (or gradient) its segment starts from, in fp32: start's
+    row i_sh, or zero without one; NaN where the plan refused a packed call's offsets (chunk_index):
+    every output, final state and gradient of the call then comes out NaN."""
+    S = tl.zeros([KP, BV], dtype=tl.float32)
+    if HAS_START != 0:
+        S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     if IS_VARLEN != 0:
         bad = tl.zeros([KP], dtype=tl.int32) + tl.load(bad_offsets)
         S = tl.where(bad[:, None] != 0, float("nan"), S)
@@ -295,10 +311,7 @@ def _state_fwd_kernel(
     Ai += (bos * HV + i_hv) * BT
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
-    S = tl.zeros([KP, BV], dtype=tl.float32)
-    if HAS_START != 0:
-        S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    S = _refused(S, bad_offsets, IS_VARLEN, KP)
+    S = _start_state(start, bad_offsets, i_sh, kv, m_kv, HAS_START, IS_VARLEN, K, V, KP, BV)
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
@@ -619,10 +632,7 @@ def _state_bwd_kernel(
     kv = o_k[:, None] * V + o_v[None, :]
     dh += (boc * HV + i_hv).to(tl.int64) * K * V
 
-    dS = tl.zeros([KP, BV], dtype=tl.float32)
-    if HAS_START != 0:
-        dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    dS = _refused(dS, bad_offsets, IS_VARLEN, KP)
+    dS = _start_state(start, bad_offsets, i_sh, kv, m_kv, HAS_START, IS_VARLEN, K, V, KP, BV)
     NT = tl.cdiv(T_s, BT)
     # at the segment's last chunk: the pass walks backwards
     q, k, w, gc, do, dv = _bwd_inputs_at(bos + (NT - 1) * BT, i_h, i_hv, q, k, w, gc, do, dv, H, HV, K, V)
