@@ -264,6 +264,11 @@ def _conv_state_kernel(
     tl.store(dest_ptr + d_off, cast_as(col, dest_ptr), mask=mask)
 
 
+def _epilogue(bias: torch.Tensor | None, activation: str | None) -> dict[str, bool]:
+    """The output's epilogue flags both convolution kernels take: a bias added, then SiLU applied."""
+    return dict(HAS_BIAS=bias is not None, SILU=activation in ("silu", "swish"))
+
+
 def _channel_last(x: torch.Tensor) -> bool:
     """Whether x [..., D, T] is a dense channel-last buffer (memory order [..., T, D])."""
     return x.shape[-1] > 1 and x.shape[-2] > 1 and x.transpose(-1, -2).is_contiguous()
@@ -333,8 +338,7 @@ def causal_conv1d_fn(call: ConvCall):
             stride_hw=hist_strides[2],
             BD=BLOCK_D,
             BT=BLOCK_T,
-            HAS_BIAS=bias is not None,
-            SILU=activation in ("silu", "swish"),
+            **_epilogue(bias, activation),
             HAS_SEQ_IDX=seq_idx is not None,
             num_warps=FN_WARPS,
             **common,
@@ -453,50 +457,16 @@ def _conv_update_kernel(
         i = 0
         while i < L:
             _update_output(
-                i,
-                x_row,
-                state_row,
-                w_ptr,
-                bias_ptr,
-                out_ptr,
-                b,
-                d,
-                L,
-                D,
-                live,
-                fill,
-                row_mask,
-                stride_w,
-                W,
-                S,
-                BD,
-                HAS_BIAS,
-                SILU,
-            )
+                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
+                W, S, BD, HAS_BIAS, SILU,
+            )  # fmt: skip
             i += 1
     else:
         for i in range(L):
             _update_output(
-                i,
-                x_row,
-                state_row,
-                w_ptr,
-                bias_ptr,
-                out_ptr,
-                b,
-                d,
-                L,
-                D,
-                live,
-                fill,
-                row_mask,
-                stride_w,
-                W,
-                S,
-                BD,
-                HAS_BIAS,
-                SILU,
-            )
+                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
+                W, S, BD, HAS_BIAS, SILU,
+            )  # fmt: skip
 
     c = tl.arange(0, SP)
     src = c + L  # column of E that becomes state column c
@@ -540,8 +510,7 @@ def causal_conv1d_update(call: ConvUpdateCall):
             SP=next_power_of_2(S),
             BD=STATE_BLOCK_D,
             BLOCK_N=CHECK_BLOCK,
-            HAS_BIAS=bias is not None,
-            SILU=activation in ("silu", "swish"),
+            **_epilogue(bias, activation),
             HAS_SLOTS=conv_state_indices is not None,
             num_warps=STATE_WARPS,
         )

@@ -378,28 +378,9 @@ def _recurrent_kernel(
             h = _token_update(h, b_q, b_k, decay, b_beta, qk, bos, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
         else:
             h = _tokens(
-                h,
-                bos,
-                eos,
-                q_ptr,
-                k_ptr,
-                v_ptr,
-                g_ptr,
-                beta_ptr,
-                o_ptr,
-                scale,
-                i_h,
-                i_hv,
-                o_k,
-                o_v,
-                live,
-                fill,
-                H,
-                HV,
-                K,
-                V,
-                L2NORM,
-            )
+                h, bos, eos, q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, scale, i_h, i_hv, o_k, o_v, live, fill,
+                H, HV, K, V, L2NORM,
+            )  # fmt: skip
         if STORE_HT:
             if not USE_POOL:
                 h = tl.where(as_block(out_of_order.to(tl.int64), BK)[:, None] == 0, h, float("nan"))

@@ -28,6 +28,14 @@ MAX_BLOCK_D = 512
 TILE = 8192
 
 
+@triton.jit
+def _row_tile(rows, D: tl.constexpr, BD: tl.constexpr, BR: tl.constexpr):
+    """A program's BR rows of D elements -> (their indices in 64 bits, which of them exist, a block's
+    column offsets, each row's first element)."""
+    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
+    return r, r < rows, tl.arange(0, BD), r[:, None] * D
+
+
 @triton.jit(do_not_specialize=["rows"])
 def _l2norm_fwd_kernel(
     x_ptr,
@@ -39,10 +47,7 @@ def _l2norm_fwd_kernel(
     BD: tl.constexpr,
     BR: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    row_mask = r < rows
-    cols = tl.arange(0, BD)
-    base = r[:, None] * D
+    r, row_mask, cols, base = _row_tile(rows, D, BD, BR)
     if D <= BD:
         mask = row_mask[:, None] & (cols[None, :] < D)
         x = tl.load(x_ptr + base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -83,10 +88,7 @@ def _l2norm_bwd_kernel(
     BD: tl.constexpr,
     BR: tl.constexpr,
 ):
-    r = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
-    row_mask = r < rows
-    cols = tl.arange(0, BD)
-    base = r[:, None] * D
+    r, row_mask, cols, base = _row_tile(rows, D, BD, BR)
     rstd = tl.load(rstd_ptr + r, mask=row_mask, other=0.0)
     if D <= BD:
         mask = row_mask[:, None] & (cols[None, :] < D)

@@ -14,6 +14,7 @@ import triton
 from packaging.version import Version
 
 from gdn.backends.triton._common import cdiv, is_interpreting, next_power_of_2, processors
+from gdn.backends.triton.chunk_index import ChunkPlan
 
 # The chunk length is part of the algorithm's tiling: the WY inverse is built from 4 x 4 blocks of 16.
 CHUNK = 64
@@ -70,10 +71,11 @@ class Tiles:
     num_stages: int
     state_stages: int  # software pipelining of the state passes' loop over chunks
     state_bwd_stages: int  # the same in the backward pass, which buffers more per stage
-    segment_chunks: int  # shortest segment (in chunks) where the state passes split a sequence
-    segment_programs: int  # programs per SM that splitting aims at; 0 never splits
-    split_backward: int  # whether the backward's state pass splits too (where the forward's does)
     output_in_state_bv: int  # the narrowest state-pass slice whose forward writes the output itself; 0 never
+    # the split's knobs: the same for the interpreter and every GPU, changed only by OVERRIDES
+    segment_chunks: int = SEGMENT_CHUNKS  # shortest segment (in chunks) where the state passes split a sequence
+    segment_programs: int = SEGMENT_PROGRAMS  # programs per SM that splitting aims at; 0 never splits
+    split_backward: int = 1  # whether the backward's state pass splits too (where the forward's does)
 
 
 def _padded(n: int) -> int:
@@ -115,9 +117,6 @@ def _interpreter_tiles(KP: int, VP: int) -> Tiles:
         state_stages=1,
         state_bwd_stages=1,
         combine_stages=1,
-        segment_chunks=SEGMENT_CHUNKS,
-        segment_programs=SEGMENT_PROGRAMS,
-        split_backward=1,
         output_in_state_bv=16,  # every slice: the CPU tests take the fused forward (one sets 0)
         **warps,
     )
@@ -179,11 +178,15 @@ def _gpu_tiles(KP: int, VP: int, element_size: int) -> Tiles:
         num_stages=stages,
         state_stages=stages,
         state_bwd_stages=bwd_stages,
-        segment_chunks=SEGMENT_CHUNKS,
-        segment_programs=SEGMENT_PROGRAMS,
-        split_backward=1,
         output_in_state_bv=output_in_state_bv,
     )
+
+
+def stage_constants(plan: ChunkPlan, tiles: Tiles, fp32_dot: str | None, **dims: int) -> dict[str, object]:
+    """A chunk stage's launch keywords that every stage passes alike: its dims (heads, key and value
+    widths, as the stage names them), the chunk, the plan's packing flag (a runtime flag: a dense and a
+    packed call launch one binary), the products' precision and the pipeline depth."""
+    return dict(dims, BT=CHUNK, IS_VARLEN=int(plan.is_varlen), FP32_DOT=fp32_dot, num_stages=tiles.num_stages)
 
 
 def narrow_slice_warps(warps: int, *slices: int) -> int:

@@ -14,8 +14,8 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.config import Tiles, stage_constants
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
 
@@ -46,9 +46,7 @@ def _output_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < V
     h_base = h + (i_c * HV + i_hv).to(tl.int64) * K * V
@@ -99,9 +97,7 @@ def _dv_local_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
 
     sT = tl.zeros([BT, BT], dtype=tl.float32)  # sT[j, i] = k_j . q_i
     for k0 in range(0, K, BK):
@@ -148,17 +144,10 @@ def chunk_output(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.BK,
             BV=tiles.output_bv,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.output_warps,
-            num_stages=tiles.num_stages,
         )
     return o
 
@@ -188,16 +177,9 @@ def dv_local(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=do.shape[3],
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=do.shape[3]),
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.dv_warps,
-            num_stages=tiles.num_stages,
         )
     return dv

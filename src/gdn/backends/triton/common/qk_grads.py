@@ -31,8 +31,8 @@ import triton.language as tl
 
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, stage_constants
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 
 
@@ -70,9 +70,7 @@ def _qk_grads_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
     last = tl.minimum(BT, T_n - i_t * BT) - 1
     o_k = i_k * BK + tl.arange(0, BK)
     mk = o_k < K
@@ -182,18 +180,11 @@ def qk_grads(
             plan.chunk_indices,
             scale,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=bk,
             BV=tiles.BV,
             NK=NK,
             PB=PB,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=narrow_slice_warps(tiles.dqkwg_warps, bk, tiles.BV),
-            num_stages=tiles.num_stages,
         )
     return parts, dw, dG

@@ -49,9 +49,25 @@ def _gates(gc, n, HV: tl.constexpr, BT: tl.constexpr):
 
 
 @triton.jit
-def _refused(S, bad_offsets, IS_VARLEN, KP: tl.constexpr):
-    """S, or NaN where the plan refused a packed call's offsets (chunk_index): every output, final
-    state and gradient of the call then comes out NaN."""
+def _start_state(
+    start,
+    bad_offsets,
+    i_sh,
+    kv,
+    m_kv,
+    HAS_START,
+    IS_VARLEN,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    KP: tl.constexpr,
+    BV: tl.constexpr,
+):
+    """A pass program's slice kv of the state (or gradient) its segment starts from, in fp32: start's
+    row i_sh, or zero without one; NaN where the plan refused a packed call's offsets (chunk_index):
+    every output, final state and gradient of the call then comes out NaN."""
+    S = tl.zeros([KP, BV], dtype=tl.float32)
+    if HAS_START != 0:
+        S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
     if IS_VARLEN != 0:
         bad = tl.zeros([KP], dtype=tl.int32) + tl.load(bad_offsets)
         S = tl.where(bad[:, None] != 0, float("nan"), S)
@@ -227,6 +243,23 @@ def _fwd_step(
     )
 
 
+@triton.jit
+def _fwd_inputs_at(row, i_h, i_hv, k, w, u, gc, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """The forward's inputs at token `row` (64 bits): k at head i_h, the others at value head i_hv."""
+    return k + (row * H + i_h) * K, w + (row * HV + i_hv) * K, u + (row * HV + i_hv) * V, gc + row * HV + i_hv
+
+
+@triton.jit
+def _segment_head(
+    i_sh, T, NSEG, SEG, bounds, chunk_offsets, H: tl.constexpr, HV: tl.constexpr, BT: tl.constexpr, IS_VARLEN
+):
+    """A state pass's program row i_sh (segments in order, value heads within each) -> (its value head,
+    that head's query/key head, the segment's first token in 64 bits, its length, its first chunk's row)."""
+    i_hv = i_sh % HV
+    bos, T_s, boc = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    return i_hv, i_hv // (HV // H), bos.to(tl.int64), T_s, boc
+
+
 @triton.jit(do_not_specialize=["T", "NSEG", "SEG", "IS_VARLEN", "HAS_START", "STORE_END"])
 def _state_fwd_kernel(
     k,
@@ -265,29 +298,20 @@ def _state_fwd_kernel(
     beta and T = (I + A)^-1 read instead of w and u), else h[c] (the state entering chunk c) and v_new
     over u (same rows, same program); end: the state leaving each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
-    i_hv = i_sh % HV
-    i_h = i_hv // (HV // H)
-    bos, T_s, boc = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    i_hv, i_h, bos, T_s, boc = _segment_head(i_sh, T, NSEG, SEG, bounds, chunk_offsets, H, HV, BT, IS_VARLEN)
     o_k = tl.arange(0, KP)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     kv = o_k[:, None] * V + o_v[None, :]
-    bos = bos.to(tl.int64)
+    k, w, u, gc = _fwd_inputs_at(bos, i_h, i_hv, k, w, u, gc, H, HV, K, V)
     q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    w += (bos * HV + i_hv) * K
-    u += (bos * HV + i_hv) * V
     o += (bos * HV + i_hv) * V
     v += (bos * HV + i_hv) * V
     beta += bos * HV + i_hv
     Ai += (bos * HV + i_hv) * BT
-    gc += bos * HV + i_hv
     h += (boc * HV + i_hv).to(tl.int64) * K * V
 
-    S = tl.zeros([KP, BV], dtype=tl.float32)
-    if HAS_START != 0:
-        S += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    S = _refused(S, bad_offsets, IS_VARLEN, KP)
+    S = _start_state(start, bad_offsets, i_sh, kv, m_kv, HAS_START, IS_VARLEN, K, V, KP, BV)
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
         i_t = 0
@@ -349,15 +373,9 @@ def _state_fwd_summary_kernel(
     """summary[segment, head] = [B | P] ([K, V + K] fp32): the state leaving the segment is P S + B for
     the state S entering it."""
     i_sh, i_c = tl.program_id(0), tl.program_id(1)
-    i_hv = i_sh % HV
-    i_h = i_hv // (HV // H)
-    bos, T_s, _ = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    i_hv, i_h, bos, T_s, _ = _segment_head(i_sh, T, NSEG, SEG, bounds, chunk_offsets, H, HV, BT, IS_VARLEN)
     o_c, m_c, m_u, S, o_out = _summary_columns(i_c, V, K, KP, BV)
-    bos = bos.to(tl.int64)
-    k += (bos * H + i_h) * K
-    w += (bos * HV + i_hv) * K
-    u += (bos * HV + i_hv) * V
-    gc += bos * HV + i_hv
+    k, w, u, gc = _fwd_inputs_at(bos, i_h, i_hv, k, w, u, gc, H, HV, K, V)
 
     NT = tl.cdiv(T_s, BT)
     if INTERPRET:  # see _state_fwd_kernel
@@ -476,12 +494,18 @@ def _state_combine_kernel(
 
 
 @triton.jit
-def _at_last_chunk(
-    NT, q, k, w, gc, do, dv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr
+def _bwd_inputs_at(
+    row, i_h, i_hv, q, k, w, gc, do, dv, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr
 ):
-    """The backward's pointers moved from a segment's first row to its last chunk's (in 64 bits)."""
-    rows = ((NT - 1) * BT).to(tl.int64)
-    return q + rows * H * K, k + rows * H * K, w + rows * HV * K, gc + rows * HV, do + rows * HV * V, dv + rows * HV * V
+    """The backward's inputs at token `row` (64 bits): q and k at head i_h, the others at value head i_hv."""
+    return (
+        q + (row * H + i_h) * K,
+        k + (row * H + i_h) * K,
+        w + (row * HV + i_hv) * K,
+        gc + row * HV + i_hv,
+        do + (row * HV + i_hv) * V,
+        dv + (row * HV + i_hv) * V,
+    )
 
 
 @triton.jit
@@ -601,28 +625,17 @@ def _state_bwd_kernel(
     the gradient w.r.t. the state leaving each segment (start, or zero); end: the gradient w.r.t. the
     state entering each segment."""
     i_sh, i_v = tl.program_id(0), tl.program_id(1)
-    i_hv = i_sh % HV
-    i_h = i_hv // (HV // H)
-    bos, T_s, boc = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    i_hv, i_h, bos, T_s, boc = _segment_head(i_sh, T, NSEG, SEG, bounds, chunk_offsets, H, HV, BT, IS_VARLEN)
     o_k = tl.arange(0, KP)
     o_v = i_v * BV + tl.arange(0, BV)
     m_kv = (o_k < K)[:, None] & (o_v < V)[None, :]
     kv = o_k[:, None] * V + o_v[None, :]
-    bos = bos.to(tl.int64)
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    w += (bos * HV + i_hv) * K
-    gc += bos * HV + i_hv
-    do += (bos * HV + i_hv) * V
-    dv += (bos * HV + i_hv) * V
     dh += (boc * HV + i_hv).to(tl.int64) * K * V
 
-    dS = tl.zeros([KP, BV], dtype=tl.float32)
-    if HAS_START != 0:
-        dS += tl.load(start + i_sh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    dS = _refused(dS, bad_offsets, IS_VARLEN, KP)
+    dS = _start_state(start, bad_offsets, i_sh, kv, m_kv, HAS_START, IS_VARLEN, K, V, KP, BV)
     NT = tl.cdiv(T_s, BT)
-    q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
+    # at the segment's last chunk: the pass walks backwards
+    q, k, w, gc, do, dv = _bwd_inputs_at(bos + (NT - 1) * BT, i_h, i_hv, q, k, w, gc, do, dv, H, HV, K, V)
     dh += (NT - 1).to(tl.int64) * HV * K * V
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1
@@ -668,20 +681,12 @@ def _state_bwd_summary_kernel(
     """summary[segment, head] = [B | P]: the gradient w.r.t. the state entering the segment is P dS + B
     for the gradient dS w.r.t. the state leaving it."""
     i_sh, i_c = tl.program_id(0), tl.program_id(1)
-    i_hv = i_sh % HV
-    i_h = i_hv // (HV // H)
-    bos, T_s, _ = locate_segment(i_sh // HV, T, NSEG, SEG, bounds, chunk_offsets, BT, IS_VARLEN)
+    i_hv, i_h, bos, T_s, _ = _segment_head(i_sh, T, NSEG, SEG, bounds, chunk_offsets, H, HV, BT, IS_VARLEN)
     o_c, m_c, m_in, dS, o_out = _summary_columns(i_c, V, K, KP, BV)
-    bos = bos.to(tl.int64)
-    q += (bos * H + i_h) * K
-    k += (bos * H + i_h) * K
-    w += (bos * HV + i_hv) * K
-    gc += bos * HV + i_hv
-    do += (bos * HV + i_hv) * V
-    dv += (bos * HV + i_hv) * V
 
     NT = tl.cdiv(T_s, BT)
-    q, k, w, gc, do, dv = _at_last_chunk(NT, q, k, w, gc, do, dv, H, HV, K, V, BT)
+    # at the segment's last chunk: the pass walks backwards
+    q, k, w, gc, do, dv = _bwd_inputs_at(bos + (NT - 1) * BT, i_h, i_hv, q, k, w, gc, do, dv, H, HV, K, V)
     back = -BT
     if INTERPRET:  # see _state_fwd_kernel
         i_t = NT - 1

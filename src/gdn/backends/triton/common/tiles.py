@@ -1,5 +1,5 @@
 """In-kernel helpers shared by the chunk stages: the matmul every stage uses, where a program's chunk
-or a state pass's segment lies in the packed token axis, and a masked exp.
+(and its rows) or a state pass's segment lies in the packed token axis, and a masked exp.
 
 Addressing is plain pointer arithmetic (no block pointers: Triton 3.9 removed them). Sequence bounds
 are read from cu_seqlens (varlen) or derived from the runtime T (dense), so no argument of any kernel
@@ -81,6 +81,16 @@ def locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT: tl.constexpr, IS_VARLEN)
         bos = (i_c // NT) * T
         T_n = T
     return i_t, bos, T_n
+
+
+@triton.jit
+def chunk_rows(i_t, bos, T_n, BT: tl.constexpr):
+    """A located chunk (locate_chunk) -> (its rows' offsets within the chunk, which of them lie within
+    the sequence, their tokens in the packed token axis in 64 bits)."""
+    o_t = tl.arange(0, BT)
+    mt = i_t * BT + o_t < T_n
+    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    return o_t, mt, tok
 
 
 @triton.jit

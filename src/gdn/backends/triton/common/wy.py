@@ -16,8 +16,8 @@ import triton.language as tl
 
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.config import CHUNK, SUB_CHUNK, Tiles, stage_constants
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.launch import launch
 from gdn.gates import GATE_FLOOR as _GATE_FLOOR
 
@@ -204,9 +204,7 @@ def _wu_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
 
     A = tl.load(Ai + (tok * HV + i_hv)[:, None] * BT + o_t[None, :], mask=mt[:, None], other=0.0)
     b = tl.load(beta + tok * HV + i_hv, mask=mt, other=0.0).to(tl.float32)
@@ -243,16 +241,10 @@ def wy_prepare(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K),
             BC=SUB_CHUNK,
             BK=tiles.BK,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.prepare_warps,
-            num_stages=tiles.num_stages,
         )
     return gc, Ai
 
@@ -284,16 +276,9 @@ def wy_apply(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.BK,
             BV=tiles.BV,
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             num_warps=tiles.wu_warps,
-            num_stages=tiles.num_stages,
         )
     return w, u

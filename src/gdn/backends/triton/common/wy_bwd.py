@@ -24,8 +24,8 @@ import triton.language as tl
 
 from gdn.backends.triton._common import device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
-from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps
-from gdn.backends.triton.common.tiles import cast_as, locate_chunk, masked_exp, mma
+from gdn.backends.triton.common.config import Tiles, narrow_slice_warps, stage_constants
+from gdn.backends.triton.common.tiles import cast_as, chunk_rows, locate_chunk, masked_exp, mma
 from gdn.backends.triton.l2norm import grad_rows, l2norm_bwd
 from gdn.backends.triton.launch import launch
 
@@ -74,9 +74,7 @@ def _wy_bwd_kernel(
     i_t, bos, T_n = locate_chunk(i_c, T, cu_seqlens, chunk_indices, BT, IS_VARLEN)
     if i_t * BT >= T_n:  # a grid row past its sequence's chunks (tiles.locate_chunk)
         return
-    o_t = tl.arange(0, BT)
-    mt = i_t * BT + o_t < T_n
-    tok = (bos + i_t * BT + o_t).to(tl.int64)
+    o_t, mt, tok = chunk_rows(i_t, bos, T_n, BT)
     lower = o_t[:, None] >= o_t[None, :]
 
     # The dA part of dk, (dA b + (dA b)^T) k, is linear in the [BT, BT] factor: summed over the value
@@ -228,21 +226,14 @@ def wy_backward(
             plan.cu_seqlens,
             plan.chunk_indices,
             T,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BT=CHUNK,
+            **stage_constants(plan, tiles, fp32_dot, H=H, HV=HV, K=K, V=V),
             BK=tiles.wy_bwd_bk,
             BV=tiles.BV,
             BKO=tiles.wy_bwd_out_bk,
             NK=dG.shape[-1],
             PB=parts.shape[-1],
-            IS_VARLEN=int(plan.is_varlen),
-            FP32_DOT=fp32_dot,
             L2NORM=in_kernel,
             num_warps=narrow_slice_warps(tiles.wy_bwd_warps, tiles.wy_bwd_bk, tiles.wy_bwd_out_bk, tiles.BV),
-            num_stages=tiles.num_stages,
         )
     if rstd is not None and not in_kernel:
         dq, dk = l2norm_bwd(q, q_rstd, dq), l2norm_bwd(k, k_rstd, dk)
