@@ -13,12 +13,13 @@ from gdn.kernel_log import record_route
 from gdn.resolve import Served, resolve
 
 
-def serve(name: str, args: tuple, kwargs: dict[str, Any], *, prepare: bool = False) -> Served:
+def serve(name: str, args: tuple, kwargs: dict[str, Any], *, prepare: bool = False, runs: bool = True) -> Served:
     """Everything before the kernel: the validated call, the backend that serves it and its
     implementation, the value checks run where that backend's kernel does not guard the values, the
-    route recorded. With `prepare`, also the implementation's prepared step for the calls that repeat
-    this one's metadata (`Served.step`), where it offers one (`fn.prepare(call)`) and its kernel checks
-    the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks)."""
+    route recorded where the caller runs the call (`runs`; a caller that only prepares steps records
+    each step it runs instead). With `prepare`, also the implementation's prepared step for the calls
+    that repeat this one's metadata (`Served.step`), where it offers one (`fn.prepare(call)`) and its
+    kernel checks the values itself (unless GDN_VALUE_CHECKS=1 asks for the host checks)."""
     with check.deferred_value_checks() as value_checks:
         call = PREPARE[name](*args, **kwargs)
     served = resolve(name, call.device, call).serve(call)
@@ -31,5 +32,6 @@ def serve(name: str, args: tuple, kwargs: dict[str, Any], *, prepare: bool = Fal
     if prepare and served.kernel_guards and check.value_check_mode() != "1":
         prepared_step = getattr(served.fn, "prepare", None)
         served.step = None if prepared_step is None else prepared_step(call)
-    record_route(served.route, name, call.dtype, served.passed_over)
+    if runs:
+        record_route(served.route, name, call.dtype, served.passed_over)
     return served

@@ -74,7 +74,7 @@ class PreparedPoolDecode:
     and so does a step whose tensors need gradients."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        served = serve(OP, args, kwargs, prepare=True)
+        served = serve(OP, args, kwargs, prepare=True, runs=False)
         arguments = _SPEC.bind(args, kwargs)
         self.route: str = served.route or served.backend
         self._pool = arguments["ssm_pool"]

@@ -193,3 +193,25 @@ def test_a_step_captured_in_a_cuda_graph_replays_new_tokens(gen):
             torch.cuda.synchronize()
             assert rel_err(out, expected) <= 1e-5
             assert rel_err(pool, expected_pool) <= 1e-5
+
+
+@pytest.mark.parametrize("mode", ["triton", "eager"])
+def test_preparing_runs_nothing_so_the_kernel_log_counts_only_the_steps(mode, gen):
+    """Preparing validates, resolves and value-checks the call but runs no kernel: a log in force
+    counts each step once and the preparation not at all."""
+    from gdn import kernel_log
+    from gdn.matrix.kernels import recording
+
+    pool = new_pool(gen)
+    cells_log = kernel_log.install(None)  # a cell's log is set aside while this one is in force
+    try:
+        with torch.no_grad(), compute_mode_override(mode), recording() as log:
+            step = gdn.PreparedPoolDecode(*tokens(gen), pool, slots(gen), use_qk_l2norm_in_kernel=True)
+            prepared = log.mark()
+            for _ in range(2):
+                step(*tokens(gen), slots(gen))
+            stepped = log.since(prepared)
+        assert sum(prepared.values()) == 0, prepared
+        assert sum(stepped.values()) == 2, stepped
+    finally:
+        kernel_log.install(cells_log)
