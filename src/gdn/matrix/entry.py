@@ -1,6 +1,6 @@
 """What runs inside a cell (a container, or the host for host-runtime cells): the probe, then the
-cell's test families under pytest with JUnit output, then the reruns of the tests that failed (each
-labelled deterministic, seed-dependent or flaky: gdn.matrix.reruns), then the accuracy table, then the
+accuracy table, then the cell's test families under pytest with JUnit output, then the reruns of the
+tests that failed (each labelled deterministic, seed-dependent or flaky: gdn.matrix.reruns), then the
 optional benchmark; gdn's kernel log records what each step's calls ran (kernels.json). Everything goes
 to the output directory (see gdn.matrix.results); the exit status says how it went: 0 all passed, 1
 tests failed, 3 tests failed and every failure passed on a rerun with its own seed (flaky), 2 the cell
