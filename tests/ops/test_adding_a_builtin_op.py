@@ -1,8 +1,9 @@
 """docs/design.md's "Adding a built-in op", done on a copy of the package: a toy op, `scaled_sum(x, y, *,
 alpha)`, written into three files of it (its declaration in gdn/calls.py, its eager implementation in
-an eager module, its triton kernel in a module of its own); this test is the fourth. Nothing else of the
-package changes, and the op is then exported, validated, resolved under the triton compute mode after
-its numeric probe, and a custom op, in a fresh process that imports the copy."""
+an eager module, its triton kernel in a module of its own, which also declares it forward-only and its
+probe's bound); this test is the fourth. Nothing else of the package changes, and the op is then
+exported, validated, resolved under the triton compute mode after its numeric probe (to its own bound,
+forward only), and a custom op, in a fresh process that imports the copy."""
 
 from __future__ import annotations
 
@@ -56,12 +57,14 @@ def scaled_sum(call) -> torch.Tensor:
     return (call.alpha * call.x.float() + call.y.float()).to(call.x.dtype)
 """
 
-# its triton implementation, with the triton op table's line
+# its triton implementation, declared in its module's `OPS` with what the backend says of it
 TRITON = '''"""scaled_sum in Triton: out = alpha * x + y over the flattened elements, in fp32."""
 
 import torch
 import triton
 import triton.language as tl
+
+from gdn.backends.triton._common import OpKernel
 
 BLOCK = 1024
 
@@ -82,7 +85,8 @@ def scaled_sum(call) -> torch.Tensor:
     return out
 
 
-OPS = {"scaled_sum": scaled_sum}
+# served without a backward, and probed to a bound of its own
+OPS = {"scaled_sum": OpKernel(scaled_sum, forward_only=True, probe_tolerance=1e-6)}
 '''
 
 WRITTEN = ("gdn/calls.py", "gdn/backends/eager/pointwise.py", "gdn/backends/triton/scaled_sum.py")
@@ -114,6 +118,8 @@ print(json.dumps({
     "backend": record["backend"],
     "probe": record["probe"]["passed"],
     "probe_cases": sorted(record["probe"]["rel_err"]),
+    "probe_tolerance": record["probe"]["tolerance"],
+    "forward_only": record["forward_only"],
     "schema": str(torch.ops.gdn.scaled_sum.default._schema),
 }))
 """
@@ -159,4 +165,5 @@ def test_a_builtin_op_added_in_its_three_files_is_exported_validated_resolved_an
     assert got["refused"] == "scaled_sum: argument 'y' expected shape (same as x) = [5, 7], got [5, 6]"
     assert got["rel_err"] < 1e-6
     assert (got["backend"], got["probe"], got["probe_cases"]) == ("triton", True, ["rows.out0"])
+    assert (got["forward_only"], got["probe_tolerance"]) == (True, 1e-6)
     assert got["schema"] == "gdn::scaled_sum(Tensor x, Tensor y, float alpha) -> Tensor"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -30,6 +31,21 @@ def is_interpreting() -> bool:
     except ImportError:
         return os.environ.get(INTERPRET_ENV, "0") == "1"
     return bool(knobs.runtime.interpret)
+
+
+@dataclass(frozen=True)
+class OpKernel:
+    """An op as the kernel module that serves it declares it in its `OPS` (TritonBackend.loader reads
+    every module's): the function taking the validated call, and what the backend says of it."""
+
+    implementation: Callable
+    # no backward: the op is probed without gradients and its calls that need them run eager
+    # (gdn.resolve.Resolution.serve)
+    forward_only: bool = False
+    # the kernel checks the index and offset values on the device (Backend.guards_values)
+    guards_values: bool = False
+    # the numeric probe's bound on ||out - eager|| / ||eager|| at fp32 (None: the probe's default)
+    probe_tolerance: float | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from gdn.backends.triton._common import flavour, is_interpreting
+from gdn.backends.triton._common import OpKernel, flavour, is_interpreting
 from gdn.backends.triton.chunk_index import ChunkPlan, plan_chunks, read_back, split_sequences, warm_plan_kernels
 from gdn.backends.triton.common.config import CHUNK, Tiles, could_split, segment_length, tiles_for
 from gdn.backends.triton.common.output import chunk_output, dv_local
@@ -274,5 +274,10 @@ def _each(steps: list[functools.partial]) -> None:
         step()
 
 
-# the ops this module serves in the triton backend's table (TritonBackend.loader)
-OPS = {"chunk_gated_delta_rule": chunk_gated_delta_rule}
+# The ops this module serves (TritonBackend.loader). The chunk kernels take fp32 inputs with IEEE fp32
+# products (no TF32; common/tiles.py `mma`), so the probe holds them to 1e-4: summation order leaves
+# them about 1e-6 from eager's fp32, and a wrong term costs far more. The op plans a packed batch on the
+# device and checks cu_seqlens there (chunk_index.py), so a packed prefill never reads it on the host.
+OPS = {
+    "chunk_gated_delta_rule": OpKernel(chunk_gated_delta_rule, guards_values=True, probe_tolerance=1e-4),
+}

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn.backends.triton._common import cdiv, device_guard, next_power_of_2
+from gdn.backends.triton._common import OpKernel, cdiv, device_guard, next_power_of_2
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 from gdn.backends.triton.decode import as_block, offsets_out_of_order, refuse_grad, slot_repeats
 from gdn.backends.triton.launch import launch
@@ -517,5 +517,9 @@ def causal_conv1d_update(call: ConvUpdateCall):
     return out.squeeze(-1) if squeeze else out
 
 
-# the ops this module serves in the triton backend's table (TritonBackend.loader)
-OPS = {"causal_conv1d_fn": causal_conv1d_fn, "causal_conv1d_update": causal_conv1d_update}
+# The ops this module serves (TritonBackend.loader): serving kernels without a backward, which check the
+# pool's slots and the offsets on the device; no matmul, so a few fp32 ulps from eager.
+OPS = {
+    "causal_conv1d_fn": OpKernel(causal_conv1d_fn, forward_only=True, guards_values=True, probe_tolerance=1e-5),
+    "causal_conv1d_update": OpKernel(causal_conv1d_update, forward_only=True, guards_values=True, probe_tolerance=1e-5),
+}

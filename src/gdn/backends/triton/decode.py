@@ -59,7 +59,7 @@ import triton
 import triton.language as tl
 
 from gdn._validate import GdnShapes
-from gdn.backends.triton._common import cdiv, next_power_of_2, processors
+from gdn.backends.triton._common import OpKernel, cdiv, next_power_of_2, processors
 from gdn.backends.triton.common.tiles import INTERPRET, cast_as
 from gdn.backends.triton.launch import Constants, PreparedLaunch
 from gdn.calls import GdnCall, PoolDecodeCall
@@ -693,8 +693,13 @@ def prepare_pool_update(call: PoolDecodeCall) -> Callable[..., torch.Tensor]:
 # how gdn.prepared finds it: an implementation's own prepared step
 fused_recurrent_gated_delta_rule_update.prepare = prepare_pool_update
 
-# the ops this module serves in the triton backend's table (TritonBackend.loader)
+# The ops this module serves (TritonBackend.loader): serving kernels without a backward, which check the
+# pool's slots and the offsets on the device, so that a serving step never reads them on the host; no
+# matmul, so a few fp32 ulps from eager.
 OPS = {
-    "fused_recurrent_gated_delta_rule": fused_recurrent_gated_delta_rule,
-    "fused_recurrent_gated_delta_rule_update": fused_recurrent_gated_delta_rule_update,
+    op: OpKernel(implementation, forward_only=True, guards_values=True, probe_tolerance=1e-5)
+    for op, implementation in (
+        ("fused_recurrent_gated_delta_rule", fused_recurrent_gated_delta_rule),
+        ("fused_recurrent_gated_delta_rule_update", fused_recurrent_gated_delta_rule_update),
+    )
 }
