@@ -103,14 +103,16 @@ def refused_ops(run: Run, resolutions: dict[str, gdn.resolve.Resolution]) -> dic
     }
 
 
-def comparison(mode: str, resolutions: dict[str, gdn.resolve.Resolution]) -> dict[str, object]:
-    """What a comparison of `mode` against eager compares: the ops `mode` serves (op -> route) and the
-    ops that fell back (op -> the backend that serves them and why), as the report shows it beside the
-    verdict ("fla compared on 1 of 4 ops")."""
+def comparison(
+    mode: str, resolutions: dict[str, gdn.resolve.Resolution], not_compared: dict[str, str]
+) -> dict[str, object]:
+    """What a comparison of `mode` against eager compares: the ops `mode` serves (op -> route), the ops
+    that fell back (op -> the backend that serves them and why) and the test's cases it did not compare
+    (case -> why), as the report shows it beside the verdict ("fla compared on 1 of 4 ops")."""
     fell_back = {}
     for op, res in resolutions.items():
         if res.backend != mode:
             why = "; ".join(r.reason for r in res.rejected if r.backend == mode) or f"resolved to {res.backend}"
             fell_back[op] = f"{res.route}: {why}"
     compared = {op: res.route for op, res in resolutions.items() if res.backend == mode}
-    return {"mode": mode, "compared": compared, "fell_back": fell_back}
+    return {"mode": mode, "compared": compared, "fell_back": fell_back, "not_compared": not_compared}

@@ -104,8 +104,18 @@ def test_backend_matches_eager(mode, record_property):
         not_compared(mode, f"backend {mode} is unavailable on {dev.type}: {reason}")
     resolutions = resolve_under(mode, dev)
     report(f"{mode} against eager on {dev.type}; the ops resolved to:", describe(resolutions))
-    # what is compared, whatever the verdict: a comparison whose ops fell back must not pass under the name
-    record_property(COMPARISON, json.dumps(comparison(mode, resolutions)))
+    # what is compared, whatever the verdict (a comparison whose ops fell back, or that left a case out,
+    # must not pass under the name): each case stays "not reached" until the test compares it
+    uncompared = {f"{kind}/{layout}": "the test stopped before it" for kind, layout in BACKEND_CASES}
+    try:
+        _compare_cases(mode, dev, resolutions, uncompared)
+    finally:
+        record_property(COMPARISON, json.dumps(comparison(mode, resolutions, uncompared)))
+
+
+def _compare_cases(mode: str, dev, resolutions, uncompared: dict[str, str]) -> None:
+    """test_backend_matches_eager's cases: compares each it can, leaving in `uncompared` those it cannot
+    with the reason."""
     served = {op: res.backend for op, res in resolutions.items()}
     fell_back = [op for op, backend in served.items() if backend != mode]
     if len(fell_back) == len(served):
@@ -113,12 +123,12 @@ def test_backend_matches_eager(mode, record_property):
     if fell_back and mode in expected_modes():
         pytest.fail(f"{EXPECT_ENV} expects {mode} to serve every op of the step; fell back: {', '.join(fell_back)}")
     tol = Tolerance.for_backends(served)
-    failures, uncompared = [], []
+    failures = []
     for kind, layout in BACKEND_CASES:
-        title = f"{kind}/{layout}: {mode} vs eager"
+        case, title = f"{kind}/{layout}", f"{kind}/{layout}: {mode} vs eager"
         blocker = packing_blocker(kind) if layout == "packed" else None
         if blocker:
-            uncompared.append(blocker)
+            uncompared[case] = blocker
             report(f"{title}: NOT COMPARED, {blocker}", [])
             continue
         try:
@@ -126,25 +136,26 @@ def test_backend_matches_eager(mode, record_property):
         except NotImplementedError as exc:
             if layout != "packed":
                 raise
-            uncompared.append(f"backend {mode} cannot run packed sequences (cu_seqlens): {exc}")
-            report(f"{title}: NOT COMPARED, {uncompared[-1]}", [])
+            uncompared[case] = f"backend {mode} cannot run packed sequences (cu_seqlens): {exc}"
+            report(f"{title}: NOT COMPARED, {uncompared[case]}", [])
             continue
         refused = refused_ops(got, resolutions)
         if refused:
-            uncompared.append(
-                f"backend {mode} refuses the step's calls: " + "; ".join(f"{op}: {why}" for op, why in refused.items())
+            uncompared[case] = f"backend {mode} refuses the step's calls: " + "; ".join(
+                f"{op}: {why}" for op, why in refused.items()
             )
-            report(f"{title}: NOT COMPARED, {uncompared[-1]}", [])
+            report(f"{title}: NOT COMPARED, {uncompared[case]}", [])
             continue
         problems = unserved_modules(got, resolutions)
         lines, bad = differences(got, eager_run(kind, layout), tol)
+        del uncompared[case]
         report(f"{title} (tolerance: {tol})", problems + lines)
         failures += [f"{title}: {line}" for line in problems + bad]
     assert not failures, "\n".join(failures)
     if len(uncompared) == len(BACKEND_CASES):
-        not_compared(mode, "; ".join(dict.fromkeys(uncompared)))
+        not_compared(mode, "; ".join(dict.fromkeys(uncompared.values())))
     if uncompared:
-        not_compared(mode, "; ".join(dict.fromkeys(uncompared)), pytest.xfail)
+        not_compared(mode, "; ".join(dict.fromkeys(uncompared.values())), pytest.xfail)
 
 
 def test_a_backend_that_refused_every_call_of_an_op_is_not_compared():

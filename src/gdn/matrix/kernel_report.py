@@ -50,20 +50,31 @@ def comparisons(finished: list[FinishedTest]) -> list[Comparison]:
             continue
         compared = test.comparison.get("compared") or {}
         fell_back = test.comparison.get("fell_back") or {}
+        cases = test.comparison.get("not_compared")
         found.append(
-            Comparison(test.nodeid, test.outcome, test.comparison.get("mode"), dict(compared), dict(fell_back))
+            Comparison(
+                test.nodeid,
+                test.outcome,
+                test.comparison.get("mode"),
+                dict(compared),
+                dict(fell_back),
+                None if cases is None else dict(cases),
+            )
         )
     return found
 
 
 def comparison_text(c: Comparison) -> str:
-    """ "fla compared on 2 of 4 ops; causal_conv1d_fn fell back to eager: does not implement it"."""
+    """ "fla compared on 2 of 4 ops; causal_conv1d_fn fell back to eager: does not implement it; not
+    compared: dense/packed (why)"."""
     total = len(c.compared) + len(c.fell_back)
     text = f"{c.mode} compared on {len(c.compared)} of {total} ops"
     if c.compared:
         text += f" ({', '.join(c.compared)})"
     if c.fell_back:
         text += "; fell back: " + "; ".join(f"{op} to {why}" for op, why in c.fell_back.items())
+    if c.not_compared:
+        text += "; not compared: " + "; ".join(f"{case} ({why})" for case, why in c.not_compared.items())
     return text
 
 
@@ -131,7 +142,8 @@ class KernelCallChange:
 
 @dataclass
 class ComparisonLoss:
-    """A comparison that compares fewer ops than before."""
+    """A comparison that compares fewer ops, or fewer of its cases, than before: `lost` names them,
+    `why` says why of each it can."""
 
     cell: str
     test: str
@@ -175,6 +187,9 @@ def comparison_losses(name: str, old: ReportCell, new: ReportCell) -> list[Compa
         if previous is None:
             continue
         lost = sorted(set(previous.compared) - set(c.compared))
+        # a case is lost only where both reports name their cases (an older report names none)
+        if previous.not_compared is not None and c.not_compared is not None:
+            lost += sorted(set(c.not_compared) - set(previous.not_compared))
         if lost:
-            losses.append(ComparisonLoss(name, c.test, lost, c.fell_back))
+            losses.append(ComparisonLoss(name, c.test, lost, c.fell_back | (c.not_compared or {})))
     return losses

@@ -32,7 +32,8 @@ FILE = "tests.jsonl"
 MESSAGE_CHARS = 300
 OUTCOMES = ("passed", "failed", "error", "skipped")
 # the user property by which a test says what a backend comparison compared (JSON: {"mode": ...,
-# "compared": [op, ...], "fell_back": {op: why}}), and the report attribute of the kernels plugin
+# "compared": {op: route}, "fell_back": {op: why}, "not_compared": {case: why}}), and the report
+# attribute of the kernels plugin
 COMPARISON = "gdn_comparison"
 KERNELS = "gdn_kernels"
 # the user property holding the seed a test drew (an int), and the variable that sets it for a replay

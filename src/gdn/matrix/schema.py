@@ -434,14 +434,16 @@ class Failure:
 
 @dataclass
 class Comparison:
-    """A test that compared one backend with another: the ops `mode` served (op -> route) and the ops
-    that fell back to another (op -> what served them and why). Its verdict holds for `compared` only."""
+    """A test that compared one backend with another: the ops `mode` served (op -> route), the ops that
+    fell back to another (op -> what served them and why) and the test's cases it did not compare (case
+    -> why; None where the test names no cases). Its verdict holds for `compared` in the other cases."""
 
     test: str
     outcome: TestOutcome
     mode: str | None = None
     compared: dict[str, str] = field(default_factory=dict)
     fell_back: dict[str, str] = field(default_factory=dict)
+    not_compared: dict[str, str] | None = None
 
 
 @dataclass
