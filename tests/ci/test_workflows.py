@@ -348,3 +348,39 @@ def test_the_tools_lock_satisfies_the_noxfile_script_block():
         versions = pins.get(canonicalize_name(dependency.name))
         assert versions, f"{dependency} (noxfile script block) is not in {TOOLS_LOCK}"
         assert all(dependency.specifier.contains(v, prereleases=True) for v in versions), (dependency, versions)
+
+
+COLLECT = ROOT / ".github" / "scripts" / "collect-results.sh"
+
+
+def test_the_jobs_that_read_the_cells_results_collect_them_with_one_script():
+    """The report job and the history job put the downloaded cell artifacts in the results layout the
+    same way: both run the one script."""
+    jobs = load(ROOT / ".github" / "workflows" / "matrix.yml")["jobs"]
+    for name in ("report", "history"):
+        steps = jobs[name]["steps"]
+        assert any("results-*" in json.dumps(step.get("with", {})) for step in steps), name
+        runs = [step.get("run", "") for step in steps]
+        assert f"bash {COLLECT.relative_to(ROOT)} downloaded results" in runs, name
+        assert not any("downloaded/results-" in run for run in runs), name
+
+
+def test_collecting_puts_each_cell_artifact_under_its_cell_and_passes_over_the_rest(tmp_path):
+    downloaded, results = tmp_path / "downloaded", tmp_path / "results"
+    for cell in ("local", "cuda-triton36"):
+        (downloaded / f"results-{cell}").mkdir(parents=True)
+        (downloaded / f"results-{cell}" / "cell.json").write_text(cell)
+    (downloaded / "results-stray").write_text("a file, not an artifact directory")
+    (downloaded / "matrix-report").mkdir()
+    (results / "report").mkdir(parents=True)  # the history job downloads the report there first
+    subprocess.run(["bash", str(COLLECT), str(downloaded), str(results)], check=True)
+    assert sorted(p.name for p in results.iterdir()) == ["cuda-triton36", "local", "report"]
+    assert (results / "local" / "cell.json").read_text() == "local"
+
+
+def test_collecting_nothing_leaves_an_empty_results_root(tmp_path):
+    """No cell ran (every job skipped): the glob matches nothing, the script still succeeds and the
+    report then records every cell as not run."""
+    (tmp_path / "downloaded").mkdir()
+    subprocess.run(["bash", str(COLLECT), str(tmp_path / "downloaded"), str(tmp_path / "results")], check=True)
+    assert list((tmp_path / "results").iterdir()) == []
