@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import zipfile
 from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -333,3 +335,26 @@ def test_real_environments_find_the_group_that_installs_together(tmp_path):
     # each step installed gdn from this checkout, without its dependencies (no torch)
     installed = list((tmp_path / "work" / "env-01" / "venv" / "lib").glob("python*/site-packages/gdn/__init__.py"))
     assert installed
+
+
+def test_the_gdn_wheel_holds_the_checkout_as_it_is_and_writes_nothing_into_it(tmp_path):
+    """setuptools puts into a wheel whatever its build/ directory still holds: a module an earlier build
+    left there (removed from src/ since) must not come back in the wheel every step installs, and the
+    build leaves no build/ or egg-info in the checkout."""
+    pytest.importorskip("uv", reason="the wheel is built with uv (the matrix extra)")
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, checkout / name)
+    shutil.copytree(ROOT / "src", checkout / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    stale = checkout / "build" / "lib" / "gdn" / "removed_module.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("LEFT_BY_AN_EARLIER_BUILD = True\n")
+    before = sorted(str(p.relative_to(checkout)) for p in checkout.rglob("*"))
+    cpu = parse_lock((ROOT / "locks" / "cpu.txt").read_bytes())
+    environments = bisect_env.Environments(root=checkout, work=tmp_path / "work", locks=(cpu, cpu), timeout_s=300)
+    with zipfile.ZipFile(environments.gdn_wheel()) as wheel:
+        names = wheel.namelist()
+    assert "gdn/matrix/bisect_env.py" in names
+    assert "gdn/removed_module.py" not in names
+    assert sorted(str(p.relative_to(checkout)) for p in checkout.rglob("*")) == before

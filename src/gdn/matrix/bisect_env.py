@@ -110,11 +110,21 @@ class Environments:
         )
 
     def gdn_wheel(self) -> Path:
-        """This checkout's gdn as a wheel, built once: every environment installs the same file."""
+        """This checkout's gdn as a wheel, built once: every environment installs the same file. It is
+        built from a copy of what the build reads (pyproject.toml, the readme it names, src/): setuptools
+        puts into a wheel whatever its build/ directory still holds, so a module removed since an earlier
+        build of the checkout would come back, and the build writes nothing into the checkout."""
         if self._wheel is None:
-            out = self.work / "gdn-wheel"
-            shutil.rmtree(out, ignore_errors=True)
-            run = self._uv("build", "--wheel", "--no-config", "--out-dir", str(out), str(self.root))
+            out, source = self.work / "gdn-wheel", self.work / "gdn-source"
+            for directory in (out, source):
+                shutil.rmtree(directory, ignore_errors=True)
+            source.mkdir(parents=True)
+            for name in ("pyproject.toml", "README.md"):
+                shutil.copy2(self.root / name, source / name)
+            shutil.copytree(
+                self.root / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
+            run = self._uv("build", "--wheel", "--no-config", "--out-dir", str(out), str(source))
             wheels = sorted(out.glob("*.whl"))
             if run.returncode != 0 or not wheels:
                 raise BisectInputError(f"cannot build this checkout's gdn wheel: {_reason(run)}")
