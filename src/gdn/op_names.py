@@ -1,6 +1,7 @@
 """The names of the built-in GDN ops, read from their declarations in gdn.calls without importing it
 (it imports torch): configuration code lists the ops on machines without torch. A built-in op is an
-`OpSpec(...)` there whose first argument is its name, a literal; the names come in declaration order."""
+`OpSpec(...)` there whose first argument is its name, a literal; the names come in declaration order.
+An install without the sources (bytecode only) is refused here, on import, with the reason."""
 
 from __future__ import annotations
 
@@ -25,11 +26,19 @@ def _declared(source: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _calls_source() -> str:
+def _calls_names() -> tuple[str, ...]:
     spec = importlib.util.find_spec("gdn.calls")  # imports the gdn package only, which is torch-free
     if spec is None or spec.origin is None:
         raise ImportError("gdn.calls: the op declarations are not found")
-    return Path(spec.origin).read_text(encoding="utf-8")
+    if not spec.origin.endswith(".py"):
+        # the backends' declarations are read from their sources too, and Triton compiles the kernels
+        # from theirs: without them gdn would list no backend
+        raise ImportError(
+            f"gdn needs its source files, and this install holds bytecode only ({spec.origin}): the ops and "
+            "backends are declared in them and Triton compiles its kernels from them; reinstall gdn-matrix "
+            "from its wheel or source"
+        )
+    return _declared(Path(spec.origin).read_text(encoding="utf-8"))
 
 
-OP_NAMES = _declared(_calls_source())
+OP_NAMES = _calls_names()

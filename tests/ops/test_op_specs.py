@@ -4,6 +4,11 @@ of a call to its arguments, and the fakes a compiled graph lays its outputs out 
 
 from __future__ import annotations
 
+import compileall
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -11,6 +16,7 @@ import gdn
 from gdn import library
 from gdn.calls import SPECS
 from gdn.op_specs import BY_NAME
+from repo_paths import SRC
 
 pytestmark = pytest.mark.probe
 
@@ -194,3 +200,25 @@ def test_a_declaration_whose_name_is_not_a_literal_is_an_error_naming_its_line()
     assert _declared('X = 1\nOpSpec("b", ())\nOpSpec(\n    "a", ()\n)\n') == ("b", "a")
     with pytest.raises(ValueError, match=r"^gdn.calls line 2: expected an OpSpec whose first argument is its name$"):
         _declared('NAME = "a"\nOpSpec(NAME, ())\n')
+
+
+def test_an_install_of_bytecode_only_is_refused_on_import_with_the_reason(tmp_path):
+    """gdn reads its ops' and backends' declarations from its source files (and Triton compiles its
+    kernels from theirs): a copy of the package compiled with its sources removed is refused by
+    `import gdn`, saying so, rather than failing to decode bytecode as text or listing no backend."""
+    package = tmp_path / "gdn"
+    shutil.copytree(SRC / "gdn", package, ignore=shutil.ignore_patterns("__pycache__"))
+    assert compileall.compile_dir(package, quiet=1, legacy=True)
+    for source in package.rglob("*.py"):
+        source.unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", "import gdn"],
+        env={"PYTHONPATH": str(tmp_path), "PATH": ""},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1
+    assert "ImportError: gdn needs its source files, and this install holds bytecode only" in done.stderr
+    assert str(package / "calls.pyc") in done.stderr
