@@ -33,6 +33,38 @@ def is_interpreting() -> bool:
     return bool(knobs.runtime.interpret)
 
 
+def accept_runtime_loop_bounds() -> None:
+    """Lets the interpreter of Triton < 3.9 run a loop whose bound the kernel computed (a sequence's
+    chunk count, read from cu_seqlens). It converts the bound with int() of a one-element array, which
+    numpy 2.4 rejects; Triton 3.9 squeezes the array first, and so does the conversion this installs.
+    Without it each such loop would need a second form for the interpreter."""
+    import triton
+    from packaging.version import Version
+
+    if Version(triton.__version__).release >= (3, 9):
+        return
+    from triton.runtime import interpreter
+
+    patch_tensor = interpreter._patch_lang_tensor
+    if getattr(patch_tensor, "squeezes_index", False):
+        return
+
+    def index(self) -> int:
+        return int(self.handle.data.squeeze())
+
+    # Triton 3.2 patches tensor attributes directly, 3.6 through a scope that restores them after
+    # the launch (in reverse order, so the original comes back).
+    def patch_lang_tensor(tensor, *scope) -> None:
+        patch_tensor(tensor, *scope)
+        if scope:
+            scope[0].set_attr(tensor, "__index__", index)
+        else:
+            tensor.__index__ = index
+
+    patch_lang_tensor.squeezes_index = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
+
+
 @dataclass(frozen=True)
 class OpKernel:
     """An op as the kernel module that serves it declares it in its `OPS` (TritonBackend.loader reads

@@ -91,20 +91,17 @@ def _offsets_kernel(cu_seqlens, bad_offsets, bounds, chunk_offsets, N, T, BT: tl
     wrapped."""
     o = tl.arange(0, BLOCK)
     wrong = tl.zeros([BLOCK], dtype=tl.int32)
-    start = 0
-    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+    for start in range(0, N, BLOCK):
         i = start + o
         m = i < N
         lo = tl.load(cu_seqlens + i, mask=m, other=0).to(tl.int64)
         hi = tl.load(cu_seqlens + i + 1, mask=m, other=0).to(tl.int64)
         wrong += (hi < lo).to(tl.int32)
-        start += BLOCK
     ends = tl.load(cu_seqlens + tl.where(o == 0, 0, N), mask=o < 2, other=0).to(tl.int64)  # cu[0], cu[N]
     wrong += ((o == 0) & (ends != 0)).to(tl.int32) + ((o == 1) & (ends != T)).to(tl.int32)
     bad = tl.zeros([BLOCK], dtype=tl.int32) + tl.sum(wrong, 0)  # a block: see decode.as_block
     first = 0
-    start = 0
-    while start < N:
+    for start in range(0, N, BLOCK):
         i = start + o
         m = i < N
         lo = tl.load(cu_seqlens + i, mask=m, other=0).to(tl.int64)
@@ -115,7 +112,6 @@ def _offsets_kernel(cu_seqlens, bad_offsets, bounds, chunk_offsets, N, T, BT: tl
         tl.store(bounds + i + 1, hi, mask=m)
         tl.store(chunk_offsets + i + 1, tl.cumsum(chunks, 0) + first, mask=m)
         first += tl.sum(chunks, 0)
-        start += BLOCK
     tl.store(bounds + o, bad * 0, mask=o == 0)
     tl.store(chunk_offsets + o, bad * 0, mask=o == 0)
     tl.store(bad_offsets + o, bad, mask=o == 0)
@@ -129,13 +125,11 @@ def _chunk_rows_kernel(chunk_offsets, chunk_indices, N, ROWS, STEPS, BLOCK: tl.c
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     lo = tl.zeros([BLOCK], dtype=tl.int32)
     hi = lo + (N - 1)
-    step = 0
-    while step < STEPS:
+    for _ in range(STEPS):
         mid = (lo + hi + 1) // 2
         up = tl.load(chunk_offsets + mid) <= r  # chunk_offsets[lo] <= r throughout
         lo = tl.where(up, mid, lo)
         hi = tl.where(up, hi, mid - 1)
-        step += 1
     m = r < ROWS
     tl.store(chunk_indices + 2 * r, lo, mask=m)
     tl.store(chunk_indices + 2 * r + 1, r - tl.load(chunk_offsets + lo), mask=m)

@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from gdn.backends.triton._common import OpKernel, cdiv, device_guard, next_power_of_2
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as
+from gdn.backends.triton.common.tiles import cast_as
 from gdn.backends.triton.decode import as_block, offsets_out_of_order, refuse_grad, slot_repeats
 from gdn.backends.triton.launch import launch
 from gdn.calls import ConvCall, ConvUpdateCall
@@ -78,14 +78,8 @@ def _sequence_of(t, qsl_ptr, N, steps, BT: tl.constexpr):
     token share its start, and the last of them is the token's own)."""
     lo = tl.zeros([BT], dtype=tl.int32)
     hi = tl.zeros([BT], dtype=tl.int32) + (N - 1)
-    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
-        i = 0
-        while i < steps:
-            lo, hi = _search_step(lo, hi, t, qsl_ptr)
-            i += 1
-    else:
-        for _ in range(steps):
-            lo, hi = _search_step(lo, hi, t, qsl_ptr)
+    for _ in range(steps):
+        lo, hi = _search_step(lo, hi, t, qsl_ptr)
     return lo
 
 
@@ -96,13 +90,11 @@ def _slots_refused(slots_ptr, rows, N, SLOTS, BR: tl.constexpr, BLOCK_N: tl.cons
     slot). As a count per row, 0 where it is served (the Triton 3.2 interpreter cannot negate an int1)."""
     slot = tl.load(slots_ptr + rows).to(tl.int64)
     count = tl.zeros([BR], dtype=tl.int32)
-    start = 0
-    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+    for start in range(0, N, BLOCK_N):
         o_m = start + tl.arange(0, BLOCK_N)
         others = tl.load(slots_ptr + o_m, mask=o_m < N, other=-1).to(tl.int64)
         same = (others[None, :] == slot[:, None]) & (o_m[None, :] != rows[:, None])
         count += tl.sum(same.to(tl.int32), 1)
-        start += BLOCK_N
     return (slot < -1).to(tl.int32) + (slot >= SLOTS).to(tl.int32) + ((slot >= 0) & (count > 0)).to(tl.int32)
 
 
@@ -453,20 +445,11 @@ def _conv_update_kernel(
     state_row = state_ptr + tl.where(live, slot, 0) * stride_s + d.to(tl.int64) * stride_d
     x_row = x_ptr + (b * D + d.to(tl.int64)) * L
 
-    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
-        i = 0
-        while i < L:
-            _update_output(
-                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
-                W, S, BD, HAS_BIAS, SILU,
-            )  # fmt: skip
-            i += 1
-    else:
-        for i in range(L):
-            _update_output(
-                i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
-                W, S, BD, HAS_BIAS, SILU,
-            )  # fmt: skip
+    for i in range(L):
+        _update_output(
+            i, x_row, state_row, w_ptr, bias_ptr, out_ptr, b, d, L, D, live, fill, row_mask, stride_w,
+            W, S, BD, HAS_BIAS, SILU,
+        )  # fmt: skip
 
     c = tl.arange(0, SP)
     src = c + L  # column of E that becomes state column c

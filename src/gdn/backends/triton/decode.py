@@ -60,7 +60,7 @@ import triton.language as tl
 
 from gdn._validate import GdnShapes
 from gdn.backends.triton._common import OpKernel, cdiv, next_power_of_2, processors
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as
+from gdn.backends.triton.common.tiles import cast_as
 from gdn.backends.triton.launch import Constants, PreparedLaunch
 from gdn.calls import GdnCall, PoolDecodeCall
 
@@ -198,12 +198,10 @@ def _token_update(
 def slot_repeats(slots_ptr, i_n, slot, N, BLOCK_N: tl.constexpr):
     """How many other rows of the call name the same slot as row i_n."""
     count = 0
-    start = 0
-    while start < N:  # a while loop: the interpreters of Triton < 3.9 reject a runtime range() bound
+    for start in range(0, N, BLOCK_N):
         o_m = start + tl.arange(0, BLOCK_N)
         others = tl.load(slots_ptr + o_m, mask=o_m < N, other=-1).to(tl.int64)
         count += tl.sum(((others == slot) & (o_m != i_n)).to(tl.int32))
-        start += BLOCK_N
     return count
 
 
@@ -212,13 +210,11 @@ def offsets_out_of_order(cu_ptr, N, T, BLOCK_N: tl.constexpr):
     """How many of 0 <= cu[0] <= cu[1] <= ... <= cu[N] <= T fail (counts, not bools: the Triton 3.2
     interpreter cannot negate an int1)."""
     bad = 0
-    start = 0
-    while start < N:
+    for start in range(0, N, BLOCK_N):
         o_m = start + tl.arange(0, BLOCK_N)
         lo = tl.load(cu_ptr + o_m, mask=o_m < N, other=0).to(tl.int64)
         hi = tl.load(cu_ptr + o_m + 1, mask=o_m < N, other=0).to(tl.int64)
         bad += tl.sum(((lo > hi) | (lo < 0) | (hi > T)).to(tl.int32))
-        start += BLOCK_N
     return bad
 
 
@@ -248,25 +244,14 @@ def _tokens(
 ):
     """Tokens bos..eos of a row on the state slice h; a row that is not served only writes `fill`."""
     if live:
-        if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
-            t = bos
-            while t < eos:
-                b_q, b_k, decay, b_beta, qk = _token_inputs(
-                    t, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
-                )
-                h = _token_update(h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
-                t += 1
-        else:
-            for t in range(bos, eos):
-                b_q, b_k, decay, b_beta, qk = _token_inputs(
-                    t, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
-                )
-                h = _token_update(h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
+        for t in range(bos, eos):
+            b_q, b_k, decay, b_beta, qk = _token_inputs(
+                t, q_ptr, k_ptr, g_ptr, beta_ptr, scale, i_h, i_hv, o_k, H, HV, K, L2NORM
+            )
+            h = _token_update(h, b_q, b_k, decay, b_beta, qk, t, v_ptr, o_ptr, i_hv, o_v, live, fill, HV, V)
     else:
-        t = bos
-        while t < eos:
+        for t in range(bos, eos):
             tl.store(o_ptr + (t * HV + i_hv) * V + o_v, cast_as((o_v * 0).to(tl.float32) + fill, o_ptr), mask=o_v < V)
-            t += 1
     return h
 
 

@@ -33,7 +33,7 @@ import triton.language as tl
 from gdn.backends.triton._common import cdiv, device_guard
 from gdn.backends.triton.chunk_index import ChunkPlan
 from gdn.backends.triton.common.config import CHUNK, Tiles, narrow_slice_warps, split_slice, state_slice
-from gdn.backends.triton.common.tiles import INTERPRET, cast_as, locate_segment, masked_exp, mma, within
+from gdn.backends.triton.common.tiles import cast_as, locate_segment, masked_exp, mma, within
 from gdn.backends.triton.launch import launch
 
 
@@ -313,20 +313,11 @@ def _state_fwd_kernel(
 
     S = _start_state(start, bad_offsets, i_sh, kv, m_kv, HAS_START, IS_VARLEN, K, V, KP, BV)
     NT = tl.cdiv(T_s, BT)
-    if INTERPRET:  # Triton < 3.9 interprets a runtime range() bound with int(ndarray), which numpy 2.4 rejects
-        i_t = 0
-        while i_t < NT:
-            S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
-                S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
-                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
-            )  # fmt: skip
-            i_t += 1
-    else:
-        for i_t in range(0, NT):
-            S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
-                S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
-                H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
-            )  # fmt: skip
+    for i_t in range(0, NT):
+        S, q, k, w, u, v, beta, Ai, gc, h, o = _fwd_step(
+            S, q, k, w, u, v, beta, Ai, gc, h, o, scale, T_s - i_t * BT, o_v,
+            H, HV, K, V, BT, KP, BV, OUTPUT, FP32_DOT,
+        )  # fmt: skip
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -378,18 +369,10 @@ def _state_fwd_summary_kernel(
     k, w, u, gc = _fwd_inputs_at(bos, i_h, i_hv, k, w, u, gc, H, HV, K, V)
 
     NT = tl.cdiv(T_s, BT)
-    if INTERPRET:  # see _state_fwd_kernel
-        i_t = 0
-        while i_t < NT:
-            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
-            k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
-            i_t += 1
-    else:
-        for i_t in range(0, NT):
-            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
-            k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
+    for i_t in range(0, NT):
+        rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
+        _v_new, S = _fwd_update(S, k, w, u, rows, mt, G, G_last, o_c, m_u, H, HV, K, V, KP, FP32_DOT)
+        k, w, u, gc = k + BT * H * K, w + BT * HV * K, u + BT * HV * V, gc + BT * HV
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
     tl.store(p, S, mask=(o_k < K)[:, None] & m_c[None, :])
@@ -481,14 +464,8 @@ def _state_combine_kernel(
     S = tl.zeros([KP, BV], dtype=tl.float32)
     if HAS_START != 0:
         S += tl.load(start + i_nh.to(tl.int64) * K * V + kv, mask=m_kv, other=0.0).to(tl.float32)
-    if INTERPRET:  # see _state_fwd_kernel
-        i = 0
-        while i < s1 - s0:
-            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
-            i += 1
-    else:
-        for i in range(0, s1 - s0):
-            S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
+    for i in range(0, s1 - s0):
+        S = _combine_step(S, summary, maps, P_ROWS, P_COLS, seeds, s0, s1, i, REVERSE, i_hv, o_v, HV, K, V, KP, DOT)
     if STORE_END != 0:
         tl.store(end + i_nh.to(tl.int64) * K * V + kv, S, mask=m_kv)
 
@@ -637,18 +614,10 @@ def _state_bwd_kernel(
     # at the segment's last chunk: the pass walks backwards
     q, k, w, gc, do, dv = _bwd_inputs_at(bos + (NT - 1) * BT, i_h, i_hv, q, k, w, gc, do, dv, H, HV, K, V)
     dh += (NT - 1).to(tl.int64) * HV * K * V
-    if INTERPRET:  # see _state_fwd_kernel
-        i_t = NT - 1
-        while i_t >= 0:
-            dS, q, k, w, gc, do, dv, dh = _bwd_step(
-                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT
-            )
-            i_t -= 1
-    else:
-        for i_t in range(NT - 1, -1, -1):
-            dS, q, k, w, gc, do, dv, dh = _bwd_step(
-                dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT
-            )
+    for i_t in range(NT - 1, -1, -1):
+        dS, q, k, w, gc, do, dv, dh = _bwd_step(
+            dS, q, k, w, gc, do, dv, dh, scale, T_s - i_t * BT, o_v, H, HV, K, V, BT, KP, BV, FP32_DOT
+        )
     if STORE_END != 0:
         tl.store(end + i_sh.to(tl.int64) * K * V + kv, dS, mask=m_kv)
 
@@ -688,20 +657,11 @@ def _state_bwd_summary_kernel(
     # at the segment's last chunk: the pass walks backwards
     q, k, w, gc, do, dv = _bwd_inputs_at(bos + (NT - 1) * BT, i_h, i_hv, q, k, w, gc, do, dv, H, HV, K, V)
     back = -BT
-    if INTERPRET:  # see _state_fwd_kernel
-        i_t = NT - 1
-        while i_t >= 0:
-            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _dv, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_c, m_in, H, HV, K, V, KP, FP32_DOT)
-            q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
-            do, dv = do + back * HV * V, dv + back * HV * V
-            i_t -= 1
-    else:
-        for i_t in range(NT - 1, -1, -1):
-            rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
-            _dv, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_c, m_in, H, HV, K, V, KP, FP32_DOT)
-            q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
-            do, dv = do + back * HV * V, dv + back * HV * V
+    for i_t in range(NT - 1, -1, -1):
+        rows, mt, G, G_last = _gates(gc, T_s - i_t * BT, HV, BT)
+        _dv, dS = _bwd_update(dS, q, k, w, do, dv, scale, rows, mt, G, G_last, o_c, m_in, H, HV, K, V, KP, FP32_DOT)
+        q, k, w, gc = q + back * H * K, k + back * H * K, w + back * HV * K, gc + back * HV
+        do, dv = do + back * HV * V, dv + back * HV * V
     o_k = tl.arange(0, KP)
     p = summary + i_sh.to(tl.int64) * K * (V + K) + o_k[:, None] * (V + K) + o_out[None, :]
     tl.store(p, dS, mask=(o_k < K)[:, None] & m_c[None, :])

@@ -11,10 +11,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from gdn.backends.triton._common import is_interpreting
+from gdn.backends.triton._common import accept_runtime_loop_bounds, is_interpreting
 
 # Fixed when the kernels are decorated: Triton decides then whether they are interpreted.
 INTERPRET = tl.constexpr(is_interpreting())
+if INTERPRET:
+    accept_runtime_loop_bounds()
 
 
 @triton.jit
