@@ -45,8 +45,9 @@ def accept_runtime_loop_bounds() -> None:
         return
     from triton.runtime import interpreter
 
-    patch_tensor = interpreter._patch_lang_tensor
-    if getattr(patch_tensor, "squeezes_index", False):
+    # a build without that hook (a fork's interpreter) keeps its own conversion
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "squeezes_index", False):
         return
 
     def index(self) -> int:
